@@ -1,0 +1,95 @@
+-- scripts/common.lua — shared by the runnable scripts: finds the kvlua
+-- module (an installed rock, or this checkout's build), parses --options,
+-- and resolves the default model.
+--
+--   local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
+--   local opts = common.parse(arg, { model = "", prompt = "Hello", ["max-tokens"] = 128 })
+
+local M = {}
+
+-- the checkout's root: the folder above this script's folder
+M.root = ((arg and arg[0] and arg[0]:match("^(.*)/[^/]*$")) or ".") .. "/.."
+
+-- Prefer this checkout's module and Lua files over an installed rock.
+package.path = M.root .. "/luamod/?.lua;" .. M.root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or (M.root .. "/build")) .. "/?.so;" .. package.cpath
+
+local function die(msg)
+  io.stderr:write(msg, "\n")
+  os.exit(2)
+end
+M.die = die
+
+-- Parses "--name value", "--name=value" and boolean "--flag" into a table
+-- seeded with defaults; the type of each default decides the conversion.
+-- Unknown options and bad numbers exit with a usage message.
+function M.parse(argv, defaults, usage)
+  local o = {}
+  for k, v in pairs(defaults) do o[k] = v end
+  local positional = {}
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "-h" or a == "--help" then
+      io.stdout:write(usage or "see the script's header\n")
+      os.exit(0)
+    end
+    local name, val = a:match("^%-%-([%w%-_]+)=(.*)$")
+    if not name then name = a:match("^%-%-([%w%-_]+)$") end
+    if name then
+      local def = defaults[name]
+      if def == nil then die("unknown option --" .. name .. "\n" .. (usage or "")) end
+      if type(def) == "boolean" then
+        o[name] = val == nil or val == "1" or val == "true"
+      else
+        if val == nil then
+          i = i + 1
+          val = argv[i]
+          if val == nil then die("option --" .. name .. " needs a value") end
+        end
+        if type(def) == "number" then
+          local n = tonumber(val)
+          if not n then die("option --" .. name .. " needs a number, got '" .. val .. "'") end
+          o[name] = n
+        else
+          o[name] = val
+        end
+      end
+    else
+      positional[#positional + 1] = a
+    end
+    i = i + 1
+  end
+  o._ = positional
+  return o
+end
+
+-- Path of a model: the given path, or the default model fetched (and
+-- cached) by scripts/fetch-models.sh.
+function M.model_path(path, name)
+  if path and path ~= "" then return path end
+  local p = io.popen(M.root .. "/scripts/fetch-models.sh " .. (name or "smollm2"))
+  local out = p:read("l")
+  p:close()
+  if not out or out == "" then die("could not fetch the default model (scripts/fetch-models.sh)") end
+  return out
+end
+
+function M.load(path, threads)
+  local kvlua = require "kvlua"
+  local model, err = kvlua.load(path, { threads = threads and threads > 0 and math.tointeger(threads) or nil })
+  if not model then die("kvlua: " .. err) end
+  return model
+end
+
+-- Peak resident set size of this process in bytes (Linux), or nil.
+function M.peak_rss()
+  local f = io.open("/proc/self/status")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  local kb = s:match("VmHWM:%s*(%d+)")
+  return kb and tonumber(kb) * 1024
+end
+
+return M
