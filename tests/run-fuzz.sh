@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Fuzz the GGUF reader for SECONDS (default 60) with libFuzzer + ASan/UBSan.
+#
+#   tests/run-fuzz.sh [SECONDS]
+#
+# Builds tests/fuzz_gguf.c with clang into build-fuzz/ (override with
+# KV_FUZZ_BUILD), writes a seed corpus of small valid files into
+# tests/fuzz-corpus/seeds (git-ignored), grows tests/fuzz-corpus/gguf across
+# runs, and leaves any crashing input in tests/fuzz-artifacts/. Exits
+# non-zero if the fuzzer finds a crash, a leak, a timeout or an allocation
+# over -malloc_limit_mb.
+set -euo pipefail
+secs="${1:-60}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+build="${KV_FUZZ_BUILD:-build-fuzz}"
+cc="${CC:-clang}"
+
+CC="$cc" cmake -S . -B "$build" -DKV_FUZZ=ON -DKV_TESTS=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build "$build" --target fuzz_gguf -j2 >/dev/null
+
+seeds=tests/fuzz-corpus/seeds
+corpus=tests/fuzz-corpus/gguf
+artifacts=tests/fuzz-artifacts
+mkdir -p "$seeds" "$corpus" "$artifacts"
+"$cc" -O1 -Iengine -Itests/support tests/make_fuzz_seeds.c tests/support/gguf_writer.c engine/types.c \
+  -o "$build/make_fuzz_seeds"
+"$build/make_fuzz_seeds" "$seeds"
+
+# Parsing a 64 KiB input never needs more than about 2 MiB (16x the input
+# plus 1 MiB is the reader's own cap); -malloc_limit_mb flags anything near it.
+"$build/fuzz_gguf" -max_len=65536 -max_total_time="$secs" -timeout=10 \
+  -malloc_limit_mb=32 -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix="$artifacts/" "$corpus" "$seeds"
