@@ -1,0 +1,378 @@
+-- kvlua.chat — chat templates as Lua functions.
+--
+--   local chat = require "kvlua.chat"
+--   local prompt, err = chat.render(model, {
+--     { role = "system", content = "You are terse." },
+--     { role = "user",   content = "Hello!" },
+--   }, { add_generation_prompt = true })
+--   local ids = model:tokenize(prompt, { add_special = false, parse_special = true })
+--
+-- model_or_name is a model (anything with a :meta method; its GGUF
+-- tokenizer.chat_template string picks the renderer), a template name
+-- ("chatml", "llama3", "gemma", "mistral", "phi3", or one registered with
+-- chat.register), or a Jinja template string (matched by the detectors).
+-- The rendered text already holds the BOS text where the template writes
+-- one (Llama 3, Gemma, Mistral, Phi-3), so tokenize it without add_special.
+--
+-- We do not interpret Jinja. Each built-in renderer reproduces one family
+-- of templates as Hugging Face's jinja2 renders them, and reads the few
+-- things that vary inside a family from the template string itself (the
+-- default system prompt of ChatML templates such as SmolLM2's or Qwen2's;
+-- whether a Phi-3 template writes BOS, system turns or a trailing EOS).
+-- The specs check every renderer against jinja2's output on the real
+-- templates (tests/fixtures/chat_*.lua).
+--
+-- Errors: malformed arguments raise; a template with no matching renderer,
+-- or a conversation the template itself rejects (e.g. roles that do not
+-- alternate), returns nil, message.
+
+local M = {}
+
+-- ---------------------------------------------------------------------------
+-- Helpers
+-- ---------------------------------------------------------------------------
+
+-- Python's str.strip() (what Jinja's |trim does): Unicode whitespace.
+local WS = {}
+for _, cp in ipairs{ 0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x1F, 0x20,
+                     0x85, 0xA0, 0x1680, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000 } do
+  WS[utf8.char(cp)] = true
+end
+for cp = 0x2000, 0x200A do WS[utf8.char(cp)] = true end
+
+local function trim(s)
+  local chars = {}
+  for _, cp in utf8.codes(s, true) do chars[#chars + 1] = utf8.char(cp) end
+  local i, j = 1, #chars
+  while i <= j and WS[chars[i]] do i = i + 1 end
+  while j >= i and WS[chars[j]] do j = j - 1 end
+  return table.concat(chars, "", i, j)
+end
+
+-- Decodes the escapes of a Jinja string literal body (quote is ' or ").
+local ESC = { n = "\n", t = "\t", r = "\r", ["\\"] = "\\", ["'"] = "'", ['"'] = '"' }
+local function unescape(s)
+  return (s:gsub("\\(.)", function(c) return ESC[c] or ("\\" .. c) end))
+end
+
+local ALTERNATE = "Conversation roles must alternate user/assistant/user/assistant/..."
+
+-- ---------------------------------------------------------------------------
+-- Built-in renderers: fn(messages, opts, ctx) -> string | nil, err
+--   opts.add_generation_prompt (boolean); ctx.template (string or nil),
+--   ctx.bos(), ctx.eos() (token texts)
+-- ---------------------------------------------------------------------------
+
+-- The default system message of a ChatML template: the text of a literal
+-- '<|im_start|>system\n...<|im_end|>' emitted when the first message is not
+-- a system message (SmolLM2, Qwen2 and similar). nil if there is none.
+local function chatml_default_system(template)
+  if not template then return nil end
+  local guard = template:find("messages%[0%]%[['\"]role['\"]%]%s*!=%s*['\"]system['\"]")
+  if not guard then return nil end
+  local rest = template:sub(guard)
+  for _, q in ipairs{ "'", '"' } do
+    -- {{ '<|im_start|>system\n ... <|im_end|>\n' }} with either a real
+    -- newline or a \n escape after "system"
+    local body = rest:match("{{%-?%s*" .. q .. "<|im_start|>system(.-)" .. q .. "%s*%-?}}")
+    if body then
+      body = unescape(body)
+      local text = body:match("^\n(.-)<|im_end|>")
+      if text then return text end
+    end
+  end
+  return nil
+end
+
+local function render_chatml(messages, opts, ctx)
+  local out = {}
+  local default = chatml_default_system(ctx.template)
+  if default and #messages > 0 and messages[1].role ~= "system" then
+    out[#out + 1] = "<|im_start|>system\n" .. default .. "<|im_end|>\n"
+  end
+  for _, m in ipairs(messages) do
+    out[#out + 1] = "<|im_start|>" .. m.role .. "\n" .. m.content .. "<|im_end|>\n"
+  end
+  if opts.add_generation_prompt then out[#out + 1] = "<|im_start|>assistant\n" end
+  return table.concat(out)
+end
+
+local function render_llama3(messages, opts, ctx)
+  local out = {}
+  for i, m in ipairs(messages) do
+    if i == 1 then out[#out + 1] = ctx.bos() end
+    out[#out + 1] = "<|start_header_id|>" .. m.role .. "<|end_header_id|>\n\n" .. trim(m.content) .. "<|eot_id|>"
+  end
+  if opts.add_generation_prompt then out[#out + 1] = "<|start_header_id|>assistant<|end_header_id|>\n\n" end
+  return table.concat(out)
+end
+
+-- Gemma 3: the system message becomes a prefix of the first user turn;
+-- "assistant" is "model"; contents are trimmed. Gemma 1/2 templates (no
+-- first_user_prefix) reject a system message and write no BOS.
+local function render_gemma(messages, opts, ctx)
+  local gemma3 = ctx.template == nil or ctx.template:find("first_user_prefix", 1, true) ~= nil
+  local out = {}
+  local prefix, first = "", 1
+  if gemma3 then
+    out[1] = ctx.bos()
+    if messages[1] and messages[1].role == "system" then
+      prefix, first = messages[1].content .. "\n\n", 2
+    end
+  elseif messages[1] and messages[1].role == "system" then
+    return nil, "System role not supported"
+  end
+  local k = 0
+  for i = first, #messages do
+    local m = messages[i]
+    if (m.role == "user") ~= (k % 2 == 0) then return nil, ALTERNATE end
+    local role = m.role == "assistant" and "model" or m.role
+    out[#out + 1] = "<start_of_turn>" .. role .. "\n" .. (k == 0 and prefix or "") .. trim(m.content) .. "<end_of_turn>\n"
+    k = k + 1
+  end
+  if opts.add_generation_prompt then out[#out + 1] = "<start_of_turn>model\n" end
+  return table.concat(out)
+end
+
+-- Mistral v0.1/v0.2 ([INST] ... [/INST]): user/assistant only, alternating;
+-- the prompt needs no generation suffix.
+local function render_mistral(messages, opts, ctx)
+  local out = { ctx.bos() }
+  for i, m in ipairs(messages) do
+    if (m.role == "user") ~= ((i - 1) % 2 == 0) then return nil, ALTERNATE end
+    if m.role == "user" then
+      out[#out + 1] = "[INST] " .. m.content .. " [/INST]"
+    elseif m.role == "assistant" then
+      out[#out + 1] = m.content .. ctx.eos()
+    else
+      return nil, "Only user and assistant roles are supported!"
+    end
+  end
+  return table.concat(out)
+end
+
+-- Phi-3. Two shapes: the generic one writes '<|role|>\n...<|end|>\n' for
+-- every message (Phi-3-small/-vision/-3.5), the Phi-3-mini one writes user
+-- and assistant turns only, each user turn followed by '<|assistant|>\n'.
+local function render_phi3(messages, opts, ctx)
+  local t = ctx.template or ""
+  local generic = ctx.template == nil
+    or t:find("'<|' + message['role'] + '|>'", 1, true) ~= nil
+    or t:find("<|system|>", 1, true) ~= nil
+  local out = {}
+  if t:find("^%s*{{%-?%s*bos_token%s*%-?}}") then out[1] = ctx.bos() end
+  if generic then
+    for _, m in ipairs(messages) do
+      out[#out + 1] = "<|" .. m.role .. "|>\n" .. m.content .. "<|end|>\n"
+    end
+    local last_is_assistant = #messages > 0 and messages[#messages].role == "assistant"
+    local agp = opts.add_generation_prompt
+    if t:find("messages[-1]['role'] != 'assistant'", 1, true) then agp = agp and not last_is_assistant end
+    if agp then
+      out[#out + 1] = "<|assistant|>\n"
+    elseif t:find("{%%%-?%s*else%s*%-?%%}{{%-?%s*eos_token%s*%-?}}") then
+      out[#out + 1] = ctx.eos()
+    end
+  else
+    for _, m in ipairs(messages) do
+      if m.role == "user" then
+        out[#out + 1] = "<|user|>\n" .. m.content .. "<|end|>\n<|assistant|>\n"
+      elseif m.role == "assistant" then
+        out[#out + 1] = m.content .. "<|end|>\n"
+      end
+    end
+  end
+  return table.concat(out)
+end
+
+-- ---------------------------------------------------------------------------
+-- Registry
+-- ---------------------------------------------------------------------------
+
+-- Ordered: user registrations are tried first (latest first), then the
+-- built-ins in this order.
+local registry = {}  -- name -> {fn=, detect=, builtin=}
+local order = {}     -- names, most recently registered first
+
+local function add(name, fn, detect, builtin)
+  if registry[name] then
+    for i, n in ipairs(order) do
+      if n == name then table.remove(order, i) break end
+    end
+  end
+  registry[name] = { fn = fn, detect = detect, builtin = builtin, defaults = {} }
+  if builtin then order[#order + 1] = name else table.insert(order, 1, name) end
+end
+
+local function has(s) return function(t) return t:find(s, 1, true) ~= nil end end
+
+add("chatml", render_chatml, has("<|im_start|>"), true)
+add("llama3", render_llama3, has("<|start_header_id|>"), true)
+add("gemma", render_gemma, has("<start_of_turn>"), true)
+add("mistral", render_mistral, has("[INST]"), true)
+add("phi3", render_phi3, function(t)
+  return t:find("<|end|>", 1, true) ~= nil
+     and (t:find("<|user|>", 1, true) ~= nil or t:find("'<|' + message['role'] + '|>'", 1, true) ~= nil)
+end, true)
+registry.chatml.defaults = { bos = "", eos = "<|im_end|>" }
+registry.llama3.defaults = { bos = "<|begin_of_text|>", eos = "<|eot_id|>" }
+registry.gemma.defaults = { bos = "<bos>", eos = "<eos>" }
+registry.mistral.defaults = { bos = "<s>", eos = "</s>" }
+registry.phi3.defaults = { bos = "<s>", eos = "<|endoftext|>" }
+
+-- Aliases accepted as names.
+local ALIASES = { smollm = "chatml", smollm2 = "chatml", qwen = "chatml", qwen2 = "chatml",
+                  ["llama-3"] = "llama3", gemma3 = "gemma", ["gemma-3"] = "gemma",
+                  ["phi-3"] = "phi3" }
+
+-- Renderer for a model with no chat template, from general.architecture.
+local ARCH = { gemma = "gemma", gemma2 = "gemma", gemma3 = "gemma", gemma3n = "gemma",
+               phi3 = "phi3", qwen2 = "chatml", qwen3 = "chatml" }
+
+--- chat.register(name, fn [, {detect = function(template_string) -> bool}])
+--- fn(messages, opts, ctx) -> string | nil, err, where ctx.template is the
+--- model's template string (or nil) and ctx.bos() / ctx.eos() give the
+--- model's BOS / EOS token texts.
+function M.register(name, fn, opts)
+  if type(name) ~= "string" or name == "" then error("chat.register: name must be a non-empty string", 2) end
+  if type(fn) ~= "function" then error("chat.register: fn must be a function", 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("chat.register: options must be a table", 2) end
+  local detect = opts and opts.detect
+  if detect ~= nil and type(detect) ~= "function" then error("chat.register: detect must be a function", 2) end
+  add(name, fn, detect, false)
+end
+
+--- chat.detect(template_string) -> name | nil
+function M.detect(template)
+  if type(template) ~= "string" then error("chat.detect: template string expected", 2) end
+  for _, name in ipairs(order) do
+    local d = registry[name].detect
+    if d and d(template) then return name end
+  end
+  return nil
+end
+
+--- chat.names() -> array of known template names (lookup order)
+function M.names()
+  local t = {}
+  for i, n in ipairs(order) do t[i] = n end
+  return t
+end
+
+-- ---------------------------------------------------------------------------
+-- Rendering
+-- ---------------------------------------------------------------------------
+
+local function check_messages(messages)
+  if type(messages) ~= "table" then error("chat.render: messages must be an array", 3) end
+  local n = #messages
+  for k in pairs(messages) do
+    if math.type(k) ~= "integer" or k < 1 or k > n then
+      error("chat.render: messages must be an array (bad key " .. tostring(k) .. ")", 3)
+    end
+  end
+  for i, m in ipairs(messages) do
+    if type(m) ~= "table" then error(("chat.render: message %d must be a table"):format(i), 3) end
+    if type(m.role) ~= "string" then error(("chat.render: message %d: role must be a string"):format(i), 3) end
+    if type(m.content) ~= "string" then error(("chat.render: message %d: content must be a string"):format(i), 3) end
+  end
+end
+
+local function meta(model, key)
+  local ok, v = pcall(model.meta, model, key)
+  if ok then return v end
+  return nil
+end
+
+-- Text of the special token `which` ("bos"/"eos") of a model: through
+-- model.vocab + model:token_text when it has them, else through the GGUF
+-- metadata (token id and token table).
+local token_cache = setmetatable({}, { __mode = "k" })
+local function model_token(model, which)
+  local c = token_cache[model]
+  if not c then c = {} token_cache[model] = c end
+  if c[which] ~= nil then return c[which] or nil end
+  local text
+  local okv, vocab = pcall(function() return model.vocab end)
+  if okv and type(vocab) == "table" and math.type(vocab[which]) == "integer" then
+    local okt, t = pcall(function() return model:token_text(vocab[which]) end)
+    if okt and type(t) == "string" then text = t end
+  end
+  if text == nil then
+    local id = meta(model, "tokenizer.ggml." .. which .. "_token_id")
+    if type(id) == "table" then id = id[1] end
+    if math.type(id) == "integer" then
+      local tokens = meta(model, "tokenizer.ggml.tokens")
+      if type(tokens) == "table" and type(tokens[id + 1]) == "string" then text = tokens[id + 1] end
+    end
+  end
+  c[which] = text or false
+  return text
+end
+
+--- chat.render(model_or_name, messages [, {add_generation_prompt=true,
+---             bos_token=, eos_token=}]) -> string | nil, err
+function M.render(model_or_name, messages, opts)
+  if opts ~= nil and type(opts) ~= "table" then error("chat.render: options must be a table", 2) end
+  opts = opts or {}
+  check_messages(messages)
+  local agp = opts.add_generation_prompt
+  if agp == nil then agp = true end
+  if type(agp) ~= "boolean" then error("chat.render: add_generation_prompt must be a boolean", 2) end
+  for _, k in ipairs{ "bos_token", "eos_token" } do
+    if opts[k] ~= nil and type(opts[k]) ~= "string" then error("chat.render: " .. k .. " must be a string", 2) end
+  end
+
+  local name, template, model
+  local t = type(model_or_name)
+  if t == "string" then
+    local s = ALIASES[model_or_name] or model_or_name
+    if registry[s] then
+      name = s
+    elseif model_or_name:find("{[{%%]") then
+      template = model_or_name
+      name = M.detect(template)
+      if not name then return nil, "unknown chat template (no registered template matches it)" end
+    else
+      return nil, ("unknown chat template '%s'"):format(model_or_name)
+    end
+  elseif (t == "table" or t == "userdata") and type(model_or_name.meta) == "function" then
+    model = model_or_name
+    template = meta(model, "tokenizer.chat_template")
+    if type(template) == "string" and template ~= "" then
+      name = M.detect(template)
+      if not name then return nil, "unknown chat template (no registered template matches the model's)" end
+    else
+      template = nil
+      local arch = meta(model, "general.architecture")
+      name = type(arch) == "string" and ARCH[arch] or nil
+      if not name then
+        return nil, "the model has no chat template (tokenizer.chat_template); pass a template name"
+      end
+    end
+  else
+    error("chat.render: model or template name expected, got " .. t, 2)
+  end
+
+  local entry = registry[name]
+  local function token(which, key)
+    return function()
+      if opts[key] ~= nil then return opts[key] end
+      if model then
+        local v = model_token(model, which)
+        if v then return v end
+      end
+      return entry.defaults[which] or ""
+    end
+  end
+  local ctx = { name = name, template = template, model = model,
+                bos = token("bos", "bos_token"), eos = token("eos", "eos_token") }
+  local out, err = entry.fn(messages, { add_generation_prompt = agp }, ctx)
+  if out == nil then return nil, err or ("chat template '" .. name .. "' failed") end
+  if type(out) ~= "string" then
+    error(("chat template '%s' returned a %s, not a string"):format(name, type(out)), 2)
+  end
+  return out
+end
+
+return M
