@@ -41,7 +41,8 @@ typedef struct {
     int n;          /* vocabulary size (columns) */
     int rows;       /* positions */
     float *data;    /* (rows, n), points just after lse[] */
-    double lse[];   /* (rows,) cached logsumexp per row; NAN = not computed */
+    double lse[];   /* (rows, 2) cached max and log(sum(exp(x - max))) per
+                       row; NAN = not computed */
 } LLogits;
 
 /* Largest element count we accept: keeps every size computation below in
@@ -55,12 +56,12 @@ static LLogits *l_push_raw(lua_State *L, int n, int rows)
     size_t elems = (size_t)rows * (size_t)n;
     if (elems / (size_t)rows != (size_t)n || elems > L_LOGITS_MAX_ELEMS)
         luaL_error(L, "kvlua.Logits: size %d x %d too large", rows, n);
-    size_t bytes = sizeof(LLogits) + (size_t)rows * sizeof(double) + elems * sizeof(float);
+    size_t bytes = sizeof(LLogits) + 2 * (size_t)rows * sizeof(double) + elems * sizeof(float);
     LLogits *lg = (LLogits *)lua_newuserdatauv(L, bytes, 0);
     lg->n = n;
     lg->rows = rows;
-    lg->data = (float *)(lg->lse + rows);
-    for (int r = 0; r < rows; r++)
+    lg->data = (float *)(lg->lse + 2 * (size_t)rows);
+    for (int r = 0; r < 2 * rows; r++)
         lg->lse[r] = NAN;
     memset(lg->data, 0, elems * sizeof(float));
     luaL_setmetatable(L, L_LOGITS_MT);
@@ -88,7 +89,7 @@ float *l_logits_check(lua_State *L, int idx, int *n, int *rows)
 /* Call after any write: the cached logsumexp no longer holds. */
 static void l_invalidate(LLogits *lg)
 {
-    for (int r = 0; r < lg->rows; r++)
+    for (int r = 0; r < 2 * lg->rows; r++)
         lg->lse[r] = NAN;
 }
 
@@ -284,27 +285,27 @@ static double l_row_max(const float *x, int n)
     return mx;
 }
 
-static double l_row_lse(LLogits *lg, int r)
+/* log softmax(x)[id] of row r, as (x - max) - log(sum(exp(x - max))) so
+   large logits keep their precision; max and the log-sum are cached. NaN
+   when the row holds NaN or +inf, -inf for a masked entry. */
+static double l_row_logprob(LLogits *lg, int r, int id)
 {
-    if (!isnan(lg->lse[r])) return lg->lse[r];
     const float *x = lg->data + (size_t)r * (size_t)lg->n;
-    int n = lg->n;
-    double lse;
-    if (l_has_nonfinite(x, n)) {
-        lse = NAN; /* not cached: NAN means "compute" */
-    } else {
+    double *c = lg->lse + 2 * (size_t)r;
+    if (isnan(c[0])) {
+        int n = lg->n;
+        if (l_has_nonfinite(x, n))
+            return NAN; /* not cached: NAN means "compute" */
         double mx = l_row_max(x, n);
-        if (mx == -INFINITY) {
-            lse = -INFINITY;
-        } else {
-            double s = 0.0;
+        double s = 0.0;
+        if (mx > -INFINITY)
             for (int i = 0; i < n; i++)
                 s += exp((double)x[i] - mx);
-            lse = mx + log(s);
-        }
-        lg->lse[r] = lse;
+        c[0] = mx;
+        c[1] = mx > -INFINITY ? log(s) : 0.0;
     }
-    return lse;
+    if (x[id] == -INFINITY) return -INFINITY;
+    return ((double)x[id] - c[0]) - c[1];
 }
 
 /* ------------------------------------------------------------------------
@@ -379,10 +380,8 @@ static int l_logprob(lua_State *L)
     LLogits *lg = l_check(L, 1);
     int id = l_checkid(L, 2, lg->n);
     int r = 0;
-    const float *x = l_optrow(L, lg, 3, &r);
-    double lse = l_row_lse(lg, r);
-    double v = x[id];
-    lua_pushnumber(L, v == -INFINITY ? -INFINITY : v - lse);
+    l_optrow(L, lg, 3, &r);
+    lua_pushnumber(L, l_row_logprob(lg, r, id));
     return 1;
 }
 
@@ -395,7 +394,8 @@ static int l_row(lua_State *L)
     const float *x = l_optrow(L, lg, 2, &r);
     LLogits *out = l_push_raw(L, lg->n, 1);
     memcpy(out->data, x, (size_t)lg->n * sizeof(float));
-    out->lse[0] = lg->lse[r];
+    out->lse[0] = lg->lse[2 * r];
+    out->lse[1] = lg->lse[2 * r + 1];
     return 1;
 }
 
@@ -459,7 +459,7 @@ static int l_clone(lua_State *L)
     LLogits *lg = l_check(L, 1);
     LLogits *out = l_push_raw(L, lg->n, lg->rows);
     memcpy(out->data, lg->data, (size_t)lg->rows * (size_t)lg->n * sizeof(float));
-    memcpy(out->lse, lg->lse, (size_t)lg->rows * sizeof(double));
+    memcpy(out->lse, lg->lse, 2 * (size_t)lg->rows * sizeof(double));
     return 1;
 }
 
