@@ -176,10 +176,21 @@ static const struct {
     {"hunyuan", KV_PRETOK_QWEN2},
     {"solar-open", KV_PRETOK_QWEN2},
     {"grok-2", KV_PRETOK_QWEN2},
+    /* BAILINGMOE: '(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|...|\s*[\r\n]|... matches
+     * exactly what the qwen2 regex matches */
+    {"bailingmoe", KV_PRETOK_QWEN2},
+    {"bailingmoe2", KV_PRETOK_QWEN2},
+    {"llada-moe", KV_PRETOK_QWEN2},
+    {"qwen35", KV_PRETOK_QWEN35},
+    {"seed-coder", KV_PRETOK_SEED_CODER},
+    {"minicpm5", KV_PRETOK_MINICPM5},
+    {"laguna", KV_PRETOK_LAGUNA},
+    {"ufakzeka", KV_PRETOK_UFAKZEKA},
 };
 
 static const char *kind_names[KV_PRETOK_COUNT] = {
     "default", "gpt-2", "llama-bpe", "qwen2", "starcoder", "deepseek-llm", "deepseek-coder", "falcon",
+    "qwen35", "seed-coder", "minicpm5", "laguna", "ufakzeka",
 };
 
 int kv_pretok_kind(const char *pre_name)
@@ -300,20 +311,39 @@ static void stage_gpt2(const text_t *t, size_t ini, size_t end, chunks_t *out)
 
 /* ---- Llama-3 family:
  * (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|
- * \p{N}{1,MAXN}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
- * MAXN = 3 (llama3, the reference's hand-written matcher) or 1 (qwen2,
- * std::regex in the reference; same semantics). */
+ * \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * llama3 runs through the reference's hand-written matcher; its relatives
+ * (qwen2: \p{N}; qwen35: [\p{L}\p{M}]+ and [^\s\p{L}\p{M}\p{N}]; seed-coder:
+ * no [\r\n]* after punctuation; minicpm5: \p{N}+; ufakzeka: no contraction
+ * alternative) through std::regex, with the same leftmost-first semantics,
+ * which this one loop reproduces for all of them. */
+
+typedef struct {
+    size_t maxn;       /* \p{N}{1,maxn}; 0: \p{N}+ */
+    unsigned word;     /* the run class of alternative 2: LET, or LET|MARK */
+    unsigned punct_ex; /* classes excluded from the punctuation run (besides WS) */
+    int contractions;  /* the leading 's|'t|... alternative is present */
+    int punct_crlf;    /* [\r\n]* follows the punctuation run */
+} l3_params;
+
+static const l3_params L3_LLAMA3 = {3, LET, LET | NUM, 1, 1};
+static const l3_params L3_QWEN2 = {1, LET, LET | NUM, 1, 1};
+static const l3_params L3_QWEN35 = {1, LET | KV_UC_MARK, LET | KV_UC_MARK | NUM, 1, 1};
+static const l3_params L3_SEED_CODER = {1, LET, LET | NUM, 1, 0};
+static const l3_params L3_MINICPM5 = {0, LET, LET | NUM, 1, 1};
+static const l3_params L3_UFAKZEKA = {1, LET, LET | NUM, 0, 1};
 
 static uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
 
-static void stage_llama3(const text_t *t, size_t ini, size_t end, chunks_t *out, size_t maxn)
+static void stage_llama3(const text_t *t, size_t ini, size_t end, chunks_t *out, const l3_params *lp)
 {
+    const unsigned word = lp->word, pex = WS | lp->punct_ex;
     size_t pos = ini, prev = ini;
 #define TOKEN(e) do { emit(out, (e) - prev); prev = (e); pos = (e); } while (0)
     while (pos < end) {
         uint32_t c = t->cp[pos];
         unsigned f = t->fl[pos];
-        if (c == '\'' && pos + 1 < end) {
+        if (lp->contractions && c == '\'' && pos + 1 < end) {
             uint32_t c1 = ascii_lower(t->cp[pos + 1]);
             if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
                 TOKEN(pos + 2);
@@ -327,9 +357,11 @@ static void stage_llama3(const text_t *t, size_t ini, size_t end, chunks_t *out,
                 }
             }
         }
-        if (!(c == '\r' || c == '\n' || (f & NUM)) && ((f & LET) || (FL(pos + 1) & LET))) {
+        /* [^\r\n\p{L}\p{N}]?WORD+ : a codepoint of WORD starts a run; so does
+         * any other non-\r\n non-L non-N codepoint followed by one */
+        if (!(c == '\r' || c == '\n' || (f & NUM)) && ((f & word) || (FL(pos + 1) & word))) {
             size_t p = pos + 1;
-            while (FL(p) & LET)
+            while (FL(p) & word)
                 p++;
             TOKEN(p);
             continue;
@@ -338,7 +370,7 @@ static void stage_llama3(const text_t *t, size_t ini, size_t end, chunks_t *out,
             size_t p = pos;
             while (p < end && (t->fl[p] & NUM)) {
                 size_t q = p;
-                while (q < end && q - p < maxn && (t->fl[q] & NUM))
+                while (q < end && (lp->maxn == 0 || q - p < lp->maxn) && (t->fl[q] & NUM))
                     q++;
                 emit(out, q - prev);
                 prev = q;
@@ -347,17 +379,19 @@ static void stage_llama3(const text_t *t, size_t ini, size_t end, chunks_t *out,
             pos = p;
             continue;
         }
+        /*  ?[^\s\p{L}\p{N}]+[\r\n]* (f != 0 always holds inside the chunk) */
         unsigned f2 = (c == ' ') ? FL(pos + 1) : f;
-        if (!(f2 & (WS | LET | NUM)) && f) {
+        if (!(f2 & pex) && f) {
             size_t p = pos + (c == ' ');
             for (;;) {
                 unsigned g = FL(p);
-                if ((g & (WS | LET | NUM)) || !g)
+                if ((g & pex) || !g)
                     break;
                 p++;
             }
-            while (CP(p) == '\r' || CP(p) == '\n')
-                p++;
+            if (lp->punct_crlf)
+                while (CP(p) == '\r' || CP(p) == '\n')
+                    p++;
             TOKEN(p);
             continue;
         }
@@ -474,6 +508,25 @@ static void stage_digit3(const text_t *t, size_t ini, size_t end, chunks_t *out)
     emit(out, end - gap);
 }
 
+/* \p{N}{1,3} : runs of numbers cut into threes from the left; gaps are pieces. */
+static void stage_num3(const text_t *t, size_t ini, size_t end, chunks_t *out)
+{
+    size_t pos = ini, gap = ini;
+    while (pos < end) {
+        if (!(t->fl[pos] & NUM)) {
+            pos++;
+            continue;
+        }
+        emit(out, pos - gap);
+        size_t p = pos;
+        while (p < end && p - pos < 3 && (t->fl[p] & NUM))
+            p++;
+        emit(out, p - pos);
+        pos = gap = p;
+    }
+    emit(out, end - gap);
+}
+
 /* ---- classes ---------------------------------------------------------------
  * Collapsed classes (\p{..} in std::regex): for these families they equal
  * the codepoint flags (ASCII letters/digits/punctuation agree with Unicode;
@@ -485,6 +538,7 @@ static int cls_number(uint32_t c, unsigned fl) { (void)c; return (fl & NUM) != 0
 static int cls_letter(uint32_t c, unsigned fl) { (void)c; return (fl & LET) != 0; }
 static int cls_punct(uint32_t c, unsigned fl) { (void)c; return (fl & KV_UC_PUNCT) != 0; }
 static int cls_crlf(uint32_t c, unsigned fl) { (void)fl; return c == '\r' || c == '\n'; }
+static int cls_lf(uint32_t c, unsigned fl) { (void)fl; return c == '\n'; }
 
 /* [\p{P}\$\+<=>\^~\|]+ (default) */
 static int cls_default_punct(uint32_t c, unsigned fl)
@@ -559,45 +613,60 @@ static int cls_dsl_punct(uint32_t c, unsigned fl)
 /* ---- family pipelines ------------------------------------------------------ */
 
 typedef enum {
-    ST_GPT2, ST_LLAMA3, ST_QWEN2, ST_RUNS, ST_SINGLES, ST_WS_RUNS, ST_TRAILING_WS, ST_DIGIT3,
+    ST_GPT2, ST_L3, ST_RUNS, ST_SINGLES, ST_WS_RUNS, ST_TRAILING_WS, ST_DIGIT3, ST_NUM3,
 } stage_kind;
 
 typedef struct {
     stage_kind kind;
-    cls_fn cls;
+    cls_fn cls;            /* ST_RUNS, ST_SINGLES, ST_WS_RUNS */
+    const l3_params *l3;   /* ST_L3 */
 } stage;
 
 #define MAX_STAGES 6
 
+/* The regex lists of llama.cpp's llm_tokenizer_bpe, one stage per regex. */
 static const struct {
     int n;
     stage st[MAX_STAGES];
 } pipelines[KV_PRETOK_COUNT] = {
-    [KV_PRETOK_DEFAULT] = {4, {{ST_RUNS, cls_default_punct}, {ST_GPT2, 0}, {ST_RUNS, cls_number}, {ST_DIGIT3, 0}}},
-    [KV_PRETOK_GPT2] = {1, {{ST_GPT2, 0}}},
-    [KV_PRETOK_LLAMA3] = {1, {{ST_LLAMA3, 0}}},
-    [KV_PRETOK_QWEN2] = {1, {{ST_QWEN2, 0}}},
-    [KV_PRETOK_STARCODER] = {2, {{ST_SINGLES, cls_number}, {ST_GPT2, 0}}},
-    [KV_PRETOK_DEEPSEEK_LLM] = {6, {{ST_SINGLES, cls_crlf}, {ST_WS_RUNS, cls_dsl_letter},
-                                    {ST_WS_RUNS, cls_dsl_punct}, {ST_TRAILING_WS, 0},
-                                    {ST_RUNS, cls_cjk}, {ST_RUNS, cls_number}}},
-    [KV_PRETOK_DEEPSEEK_CODER] = {5, {{ST_SINGLES, cls_crlf}, {ST_WS_RUNS, cls_letter},
-                                      {ST_WS_RUNS, cls_punct}, {ST_RUNS, cls_cjk},
-                                      {ST_SINGLES, cls_number}}},
-    [KV_PRETOK_FALCON] = {3, {{ST_RUNS, cls_falcon_punct}, {ST_GPT2, 0}, {ST_DIGIT3, 0}}},
+    /* [\p{P}\$\+<=>\^~\|]+ , GPT-2 , \p{N}+ , [0-9][0-9][0-9] */
+    [KV_PRETOK_DEFAULT] = {4, {{ST_RUNS, cls_default_punct, 0}, {ST_GPT2, 0, 0}, {ST_RUNS, cls_number, 0},
+                               {ST_DIGIT3, 0, 0}}},
+    [KV_PRETOK_GPT2] = {1, {{ST_GPT2, 0, 0}}},
+    [KV_PRETOK_LLAMA3] = {1, {{ST_L3, 0, &L3_LLAMA3}}},
+    [KV_PRETOK_QWEN2] = {1, {{ST_L3, 0, &L3_QWEN2}}},
+    /* \p{N} , GPT-2 */
+    [KV_PRETOK_STARCODER] = {2, {{ST_SINGLES, cls_number, 0}, {ST_GPT2, 0, 0}}},
+    /* [\r\n] , \s?[A-Za-z...]+ , \s?[!-/:-~...]+ , \s+$ , [一-龥ࠀ-一가-퟿]+ , \p{N}+ */
+    [KV_PRETOK_DEEPSEEK_LLM] = {6, {{ST_SINGLES, cls_crlf, 0}, {ST_WS_RUNS, cls_dsl_letter, 0},
+                                    {ST_WS_RUNS, cls_dsl_punct, 0}, {ST_TRAILING_WS, 0, 0},
+                                    {ST_RUNS, cls_cjk, 0}, {ST_RUNS, cls_number, 0}}},
+    /* [\r\n] , \s?\p{L}+ , \s?\p{P}+ , [一-龥ࠀ-一가-퟿]+ , \p{N} */
+    [KV_PRETOK_DEEPSEEK_CODER] = {5, {{ST_SINGLES, cls_crlf, 0}, {ST_WS_RUNS, cls_letter, 0},
+                                      {ST_WS_RUNS, cls_punct, 0}, {ST_RUNS, cls_cjk, 0},
+                                      {ST_SINGLES, cls_number, 0}}},
+    /* [\p{P}\$\+<=>\^~\|`]+ , GPT-2 , [0-9][0-9][0-9] */
+    [KV_PRETOK_FALCON] = {3, {{ST_RUNS, cls_falcon_punct, 0}, {ST_GPT2, 0, 0}, {ST_DIGIT3, 0, 0}}},
+    [KV_PRETOK_QWEN35] = {1, {{ST_L3, 0, &L3_QWEN35}}},
+    [KV_PRETOK_SEED_CODER] = {1, {{ST_L3, 0, &L3_SEED_CODER}}},
+    /* \p{N}{1,3} , llama3 with \p{N}+ */
+    [KV_PRETOK_MINICPM5] = {2, {{ST_NUM3, 0, 0}, {ST_L3, 0, &L3_MINICPM5}}},
+    /* [^\n]+|[\n]+ , qwen2 */
+    [KV_PRETOK_LAGUNA] = {2, {{ST_RUNS, cls_lf, 0}, {ST_L3, 0, &L3_QWEN2}}},
+    [KV_PRETOK_UFAKZEKA] = {1, {{ST_L3, 0, &L3_UFAKZEKA}}},
 };
 
 static void run_stage(const stage *s, const text_t *t, size_t ini, size_t end, chunks_t *out)
 {
     switch (s->kind) {
     case ST_GPT2: stage_gpt2(t, ini, end, out); break;
-    case ST_LLAMA3: stage_llama3(t, ini, end, out, 3); break;
-    case ST_QWEN2: stage_llama3(t, ini, end, out, 1); break;
+    case ST_L3: stage_llama3(t, ini, end, out, s->l3); break;
     case ST_RUNS: stage_runs(t, ini, end, out, s->cls); break;
     case ST_SINGLES: stage_singles(t, ini, end, out, s->cls); break;
     case ST_WS_RUNS: stage_ws_runs(t, ini, end, out, s->cls); break;
     case ST_TRAILING_WS: stage_trailing_ws(t, ini, end, out); break;
     case ST_DIGIT3: stage_digit3(t, ini, end, out); break;
+    case ST_NUM3: stage_num3(t, ini, end, out); break;
     }
 }
 

@@ -40,14 +40,19 @@ typedef struct {
 
 /* Pre-tokenizer families (each is one list of regexes in llama.cpp). */
 typedef enum {
-    KV_PRETOK_DEFAULT = 0, /* "default" and unknown BPE: 4-regex list */
+    KV_PRETOK_DEFAULT = 0, /* "default" (and a BPE vocab without the key) */
     KV_PRETOK_GPT2,        /* "gpt-2", "mpt", "olmo", "jais", ...     */
     KV_PRETOK_LLAMA3,      /* "llama-bpe", "llama3", "dbrx", "smaug-bpe", ... */
-    KV_PRETOK_QWEN2,       /* "qwen2", "stablelm2", "hunyuan", ... */
+    KV_PRETOK_QWEN2,       /* "qwen2", "stablelm2", "bailingmoe", ... */
     KV_PRETOK_STARCODER,   /* "starcoder", "smollm", "refact", "command-r", ... */
     KV_PRETOK_DEEPSEEK_LLM,
     KV_PRETOK_DEEPSEEK_CODER,
     KV_PRETOK_FALCON,
+    KV_PRETOK_QWEN35,     /* "qwen35": qwen2 with \p{M} joined to letters */
+    KV_PRETOK_SEED_CODER, /* "seed-coder" */
+    KV_PRETOK_MINICPM5,   /* "minicpm5" */
+    KV_PRETOK_LAGUNA,     /* "laguna": newline runs, then qwen2 */
+    KV_PRETOK_UFAKZEKA,   /* "ufakzeka": qwen2 without contractions */
     KV_PRETOK_COUNT
 } kv_pretok_family;
 

@@ -137,6 +137,10 @@ static void test_names(void)
         {"refact", KV_PRETOK_STARCODER},       {"command-r", KV_PRETOK_STARCODER},
         {"codeshell", KV_PRETOK_STARCODER},    {"deepseek-llm", KV_PRETOK_DEEPSEEK_LLM},
         {"deepseek-coder", KV_PRETOK_DEEPSEEK_CODER}, {"falcon", KV_PRETOK_FALCON},
+        {"bailingmoe", KV_PRETOK_QWEN2},       {"grok-2", KV_PRETOK_QWEN2},
+        {"qwen35", KV_PRETOK_QWEN35},          {"seed-coder", KV_PRETOK_SEED_CODER},
+        {"minicpm5", KV_PRETOK_MINICPM5},      {"laguna", KV_PRETOK_LAGUNA},
+        {"ufakzeka", KV_PRETOK_UFAKZEKA},
         {"gpt-neox", -1}, /* not a tokenizer.ggml.pre name in llama.cpp */
         {"", -1},          {"GPT-2", -1},    {"tekken", -1},
     };

@@ -50,6 +50,16 @@ DSL_LETTERS = ("\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-
 DSL_PUNCT = "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"
 CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 
+QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|"
+          r"\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SEED_CODER = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|"
+              r"\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
+MINICPM5 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|"
+            r"\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+BAILINGMOE = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+")
+UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
 FAMILIES = {
     "default": [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
     "gpt-2": [GPT2],
@@ -59,6 +69,12 @@ FAMILIES = {
     "deepseek-llm": ["[\r\n]", DSL_LETTERS, DSL_PUNCT, r"\s+$", CJK, r"\p{N}+"],
     "deepseek-coder": ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", CJK, r"\p{N}"],
     "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
+    "qwen35": [QWEN35],
+    "seed-coder": [SEED_CODER],
+    "minicpm5": [r"\p{N}{1,3}", MINICPM5],
+    "bailingmoe": [BAILINGMOE],
+    "laguna": [r"[^\n]+|[\n]+", QWEN2],
+    "ufakzeka": [UFAKZEKA],
 }
 
 # ---- the reference's text transforms -------------------------------------
@@ -161,7 +177,8 @@ FIXED = [
     "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～",
     "3", "33", "333", "3333", "33333", "333333", "3333333", "33333333", "333333333", "1234567890123",
     "Cửa Việt", " discards", "it's I'M we'RE you've THEY'LL he'd she'S 'tis don't X'D",
-    "'s 'S 'Ll 'lL ''s '' 'x ' s",
+    "'s 'S 'Ll 'lL ''s '' 'x ' s", "'sa 'Sat 'rex 'llama 'dd 'ttt don'tcha we'rexx Ma'am O'Neil",
+    "x  123 y   4567\t89 a 1b !1 +12 ' 3 \n 77 \u00a0 88", "word\u0301\u0301 \u0915\u093f\u0928\u094d\u0928 a\u20dd!",
     "def f(x):\n    return x**2  # comment\n\n\tif a<=b and c!=d: pass\n",
     "int main() { printf(\"%d\\n\", a[i]++); }  // ok",
     "٠١٢٣٤٥٦٧٨٩ १२३४५ ١٢٣ ௧௨௩ 一二三 ½ ² Ⅻ",
