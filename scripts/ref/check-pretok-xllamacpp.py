@@ -9,7 +9,8 @@ word of kvlua's split (engine/pretok.c, loaded through ctypes), and that
 the C split equals the Python model of scripts/ref/gen-pretok-fixtures.py.
 
     python3 scripts/ref/check-pretok-xllamacpp.py [model.gguf] [count]
-    (default model: scripts/fetch-models.sh smollm2)
+    (default model: scripts/fetch-models.sh smollm2; PRETOK_FORCE=<pre name>
+    splits with another family instead, to see that the check can fail)
 """
 import ctypes
 import json
@@ -44,6 +45,8 @@ def load_c():
     lib = ctypes.CDLL(so)
     lib.kv_pretok_kind.restype = ctypes.c_int
     lib.kv_pretok_kind.argtypes = [ctypes.c_char_p]
+    lib.kv_pretok_kind_name.restype = ctypes.c_char_p
+    lib.kv_pretok_kind_name.argtypes = [ctypes.c_int]
     lib.kv_pretokenize.restype = ctypes.c_int
     lib.kv_pretokenize.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
                                    ctypes.POINTER(ctypes.POINTER(Span)), ctypes.POINTER(ctypes.c_size_t),
@@ -70,13 +73,14 @@ def gguf_pre(path):
 
 
 def main():
-    path = sys.argv[1] if len(sys.argv) > 1 else subprocess.check_output(
+    path = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] else subprocess.check_output(
         [os.path.join(ROOT, "scripts", "fetch-models.sh"), "smollm2"]).decode().strip()
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     pre = gguf_pre(path)
     lib, csplit = load_c()
-    kind = lib.kv_pretok_kind(pre.encode())
+    kind = lib.kv_pretok_kind(os.environ.get("PRETOK_FORCE", pre).encode())
     assert kind >= 0, pre
+    pats = pf.FAMILIES[lib.kv_pretok_kind_name(kind).decode()]
     p = xllamacpp.CommonParams()
     p.model.path = path
     p.n_ctx = 4096
@@ -110,7 +114,7 @@ def main():
             continue  # special tokens or normalisation; not a pre-tokenizer question
         cw = csplit(kind, b)
         if pf.assigned(b):
-            if cw != pf.split(b, pf.FAMILIES.get(pre, pf.FAMILIES["starcoder"] if pre == "smollm" else [])):
+            if cw != pf.split(b, pats):
                 mism += 1
                 print("C != model:", ascii(text))
         cuts, o = set(), 0
