@@ -569,23 +569,47 @@ static bool bpe_encode_word(const kv_vocab *v, scratch *w, const char *s, size_t
     return true;
 }
 
+/* A 4-byte sequence that decodes above U+10FFFF: the reference throws on
+ * it (and aborts the process); here its lead byte is read as invalid. */
+static bool above_unicode(const unsigned char *u, size_t len, size_t i) {
+    return u[i] >= 0xf4 && u[i] <= 0xf7 && i + 3 < len && (u[i + 1] & 0xc0) == 0x80 && (u[i + 2] & 0xc0) == 0x80 &&
+           (u[i + 3] & 0xc0) == 0x80 && (u[i] > 0xf4 || u[i + 1] >= 0x90);
+}
+
 static kv_status bpe_fragment(const kv_vocab *v, scratch *w, const char *frag, size_t len, ivec *out,
                               kv_error *e) {
     kv_span *spans = NULL;
     size_t n = 0;
+    char *copy = NULL;
+    const unsigned char *u = (const unsigned char *)frag;
+    for (size_t i = 0; i < len; i++) {
+        if (u[i] < 0xf4 || !above_unicode(u, len, i)) continue;
+        if (!copy) {
+            if (!(copy = malloc(len))) return kv_fail(e, KV_ERR_NOMEM, "tokenize: out of memory");
+            memcpy(copy, frag, len);
+        }
+        copy[i] = (char)0xff;
+    }
+    if (copy) frag = copy;
     kv_status st = kv_pretokenize(v->pretok_kind, frag, len, &spans, &n, e);
-    if (st != KV_OK) return st;
+    if (st != KV_OK) {
+        free(copy);
+        return st;
+    }
     for (size_t i = 0; i < n; i++) {
         if (spans[i].off > len || spans[i].len > len - spans[i].off) {
             free(spans);
+            free(copy);
             return kv_fail(e, KV_ERR_ARG, "tokenize: pre-tokenizer span out of range");
         }
         if (!bpe_encode_word(v, w, frag + spans[i].off, spans[i].len) || !bpe_word(v, w, out)) {
             free(spans);
+            free(copy);
             return kv_fail(e, KV_ERR_NOMEM, "tokenize: out of memory");
         }
     }
     free(spans);
+    free(copy);
     return KV_OK;
 }
 
