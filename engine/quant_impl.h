@@ -1,0 +1,92 @@
+/*
+ * quant_impl.h — private to the quant kernels (quant.c, quant_avx2.c).
+ *
+ * The ggml block layouts as C structs (byte-exact with GGUF), and the table
+ * of per-type kernels the dispatcher fills once: the scalar reference
+ * entries live in quant.c, the AVX2/FMA/F16C ones in quant_avx2.c.
+ */
+#ifndef KV_QUANT_IMPL_H
+#define KV_QUANT_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KV_QK 32   /* elements per block of the 32-wide formats */
+#define KV_QKK 256 /* elements per K-quant super-block */
+
+/* ---- block layouts (GGUF / ggml, little endian) --------------------------- */
+typedef struct { uint16_t d; uint8_t qs[16]; } kv_block_q4_0;              /* 18 */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } kv_block_q4_1;           /* 20 */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } kv_block_q5_0; /* 22 */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } kv_block_q5_1; /* 24 */
+typedef struct { uint16_t d; int8_t qs[32]; } kv_block_q8_0;               /* 34 */
+typedef struct { uint16_t d, s; int8_t qs[32]; } kv_block_q8_1;            /* 36: s = d * sum(qs) */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12]; /* 8 six-bit scales and 8 six-bit mins, packed */
+    uint8_t qs[128];
+} kv_block_q4_k;        /* 144 */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];
+    uint8_t qs[128];
+} kv_block_q5_k;        /* 176 */
+typedef struct {
+    uint8_t ql[128];
+    uint8_t qh[64];
+    int8_t scales[16];
+    uint16_t d;
+} kv_block_q6_k;        /* 210 */
+typedef struct {
+    float d;
+    int8_t qs[256];
+    int16_t bsums[16];  /* sums of qs in groups of 16 */
+} kv_block_q8_k;        /* 292 */
+
+_Static_assert(sizeof(kv_block_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(kv_block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(kv_block_q5_0) == 22, "q5_0");
+_Static_assert(sizeof(kv_block_q5_1) == 24, "q5_1");
+_Static_assert(sizeof(kv_block_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(kv_block_q8_1) == 36, "q8_1");
+_Static_assert(sizeof(kv_block_q4_k) == 144, "q4_k");
+_Static_assert(sizeof(kv_block_q5_k) == 176, "q5_k");
+_Static_assert(sizeof(kv_block_q6_k) == 210, "q6_k");
+_Static_assert(sizeof(kv_block_q8_k) == 292, "q8_k");
+
+/* The 6-bit scale j and min j (j < 8) of a Q4_K / Q5_K super-block. */
+static inline void kv_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* ---- kernel table ------------------------------------------------------------
+ * tile: y[t * ldy + r] = dot(W row r, X row t) for r < nr, t < nt, where
+ *   W rows are wstride bytes apart (weight type), X rows xstride bytes apart
+ *   (already quantized to the dot type), K elements each. Any nr, nt >= 1.
+ * quant: quantizes one activation row of K floats to the dot type. */
+typedef void (*kv_tile_fn)(int64_t K, const uint8_t *W, size_t wstride, int nr,
+                           const uint8_t *X, size_t xstride, int nt, float *y, int64_t ldy);
+typedef void (*kv_dot_fn)(int64_t n, float *out, const void *w, const void *x);
+typedef void (*kv_quant_fn)(const float *src, void *dst, int64_t n);
+
+typedef struct {
+    kv_dot_fn dot[64];   /* by weight type */
+    kv_tile_fn tile[64]; /* by weight type */
+    kv_quant_fn quant[64]; /* by activation type */
+    int tile_rows, tile_toks; /* preferred tile shape (rows x tokens) */
+} kv_kernels;
+
+/* Fills in the entries this CPU can run faster; returns 1 if it did. */
+int kv_kernels_avx2(kv_kernels *k);
+
+/* The table in use (after KVLUA_SIMD and CPU detection); for tests. */
+const kv_kernels *kv_kernels_get(void);
+
+#endif
