@@ -1,0 +1,113 @@
+/*
+ * backend.h — the compute backend interface the transformer graph runs on.
+ *
+ * forward.c describes *what* to compute (norms, projections, RoPE,
+ * attention, residuals) and calls only the function pointers below; *how* it
+ * is computed (CPU loops and kv_matmul, or OpenCL kernels later) lives in a
+ * backend (backend_cpu.c). Every op works on activation buffers the backend
+ * allocated (kv_backend.alloc), so a device backend may keep them resident;
+ * the CPU backend hands out plain host floats.
+ *
+ * Conventions: activations are row-major (T, n) float: T tokens, n features,
+ * row stride n unless a stride argument says otherwise. Weights are
+ * kv_weight (a GGUF tensor: rows of `cols` elements of `type`). Small
+ * per-feature vectors (norm weights, biases) are float arrays owned by the
+ * model. K/V live in a kv_kvcache (kvcache.h) and attention reads them only
+ * through kv_kv_span.
+ */
+#ifndef KV_BACKEND_H
+#define KV_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_error.h"
+#include "kvcache.h"
+#include "threadpool.h"
+
+/* One weight matrix as stored in the GGUF: rows x cols, type `type`, rows
+ * contiguous (kv_row_size(type, cols) bytes each). */
+typedef struct {
+    const void *data; /* NULL: absent (optional tensor) */
+    int type;         /* ggml type id */
+    int64_t rows;     /* ne[1] (output features) */
+    int64_t cols;     /* ne[0] (input features) */
+} kv_weight;
+
+/* RoPE flavours: NORM rotates interleaved pairs (x[2i], x[2i+1]) (llama);
+ * NEOX rotates halves (x[i], x[i + n_rot/2]) (qwen2, gemma3). */
+enum { KV_ROPE_NORM = 0, KV_ROPE_NEOX = 2 };
+
+typedef struct {
+    int mode;                 /* KV_ROPE_NORM / KV_ROPE_NEOX */
+    int n_rot;                /* rotated dims per head (<= head_dim, even) */
+    float freq_base;          /* theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i */
+    float freq_scale;         /* 1 / linear scaling factor */
+    const float *freq_factors; /* (n_rot/2) per-pair divisors (llama 3 rope_freqs), or NULL */
+} kv_rope_params;
+
+/* Feed-forward gate activations: out = act(gate) * up. */
+enum { KV_ACT_SILU = 0, KV_ACT_GELU_TANH = 1 };
+
+typedef struct {
+    int layer;       /* which layer of the cache */
+    int n_head;      /* query heads */
+    int n_head_kv;   /* K/V heads; n_head % n_head_kv == 0 (GQA groups) */
+    int head_dim;    /* K and Q head size */
+    int head_dim_v;  /* V head size */
+    float scale;     /* applied to q.k (1 when the caller pre-scaled Q) */
+    int window;      /* sliding window: key p visible to query t iff t - p < window; 0: none */
+    float softcap;   /* attention logit soft cap (0: none) */
+} kv_attn_params;
+
+typedef struct kv_backend kv_backend;
+
+struct kv_backend {
+    const char *name;
+    void *ctx; /* backend state (the CPU backend keeps its thread pool here) */
+
+    /* Activation buffers of n floats (zeroed). NULL on out of memory. */
+    float *(*alloc)(kv_backend *b, size_t n);
+    void (*free)(kv_backend *b, float *p);
+    /* Bytes of scratch matmul needs for a weight and T tokens. */
+    size_t (*matmul_scratch)(kv_backend *b, const kv_weight *w, int64_t T);
+
+    /* y(T, w.rows) [row stride ldy] = x(T, w.cols) . w^T (+ bias(w.rows) if non-NULL). */
+    void (*matmul)(kv_backend *b, const kv_weight *w, const float *bias, const float *x, int64_t T,
+                   float *y, int64_t ldy, void *scratch);
+    /* y(T, n) = x / rms(x) * w for each row of n (w NULL: no weight); in place ok. */
+    void (*rmsnorm)(kv_backend *b, float *y, const float *x, const float *w, int64_t T, int64_t n,
+                    float eps);
+    /* x(T, n_head, head_dim) rotated in place; pos(T) positions. */
+    void (*rope)(kv_backend *b, float *x, int64_t T, int n_head, int head_dim, const int32_t *pos,
+                 const kv_rope_params *rp);
+    /* y(n) += x(n). */
+    void (*add)(kv_backend *b, float *y, const float *x, int64_t n);
+    /* x(n) *= s. */
+    void (*scale)(kv_backend *b, float *x, int64_t n, float s);
+    /* gate(T, n) = act(gate) * up(T, n). */
+    void (*ffn_act)(kv_backend *b, float *gate, const float *up, int64_t n, int act);
+    /* x(n) = cap * tanh(x / cap). */
+    void (*softcap)(kv_backend *b, float *x, int64_t n, float cap);
+    /* out(T, emb.cols) = rows ids(T) of the embedding table. */
+    void (*embed)(kv_backend *b, const kv_weight *emb, const int32_t *ids, int64_t T, float *out);
+    /* Writes k(T, n_head_kv, head_dim) and v(T, n_head_kv, head_dim_v) into
+     * the cache at positions pos0 .. pos0+T-1 of a layer. */
+    void (*kv_store)(kv_backend *b, kv_kvcache *c, int layer, int pos0, int64_t T, const float *k,
+                     const float *v);
+    /* out(T, n_head, head_dim_v) = softmax(q k^T * scale, causal + window) v,
+     * q(T, n_head, head_dim) for positions pos0 .. pos0+T-1, keys 0 .. pos0+T-1
+     * read through kv_kv_span. work: attn_scratch(T) floats. */
+    void (*attention)(kv_backend *b, const kv_kvcache *c, const kv_attn_params *ap, const float *q,
+                      int64_t T, int pos0, float *out, float *work);
+    size_t (*attn_scratch)(kv_backend *b, const kv_attn_params *ap, int64_t T);
+    /* True when every value of x(n) is finite. */
+    bool (*all_finite)(kv_backend *b, const float *x, int64_t n);
+};
+
+/* The CPU backend over a thread pool (not owned). */
+kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e);
+void kv_backend_cpu_free(kv_backend *b);
+
+#endif

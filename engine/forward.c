@@ -1,0 +1,88 @@
+/*
+ * forward.c — the transformer graph for llama / qwen2 / gemma3, written
+ * against the backend interface (backend.h): no raw loops over tensors here.
+ *
+ * Per layer, for a chunk of T tokens (x: the residual stream (T, n_embd)):
+ *   h    = rmsnorm(x) * attn_norm
+ *   q,k,v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
+ *   [gemma3] q, k = rmsnorm per head * q_norm / k_norm
+ *   q, k = rope(q, k)          (NORM for llama, NEOX for qwen2 / gemma3)
+ *   cache[pos..] = k, v
+ *   a    = attention(q * q_scale, cache)   (causal, optional sliding window)
+ *   o    = a Wo^T   [gemma3] o = rmsnorm(o) * post_attention_norm
+ *   x   += o
+ *   h    = rmsnorm(x) * ffn_norm
+ *   f    = (act(h Wg^T) * h Wu^T) Wd^T   (SiLU, or tanh-GELU for gemma3)
+ *   [gemma3] f = rmsnorm(f) * post_ffw_norm
+ *   x   += f
+ * then logits = (rmsnorm(x) * output_norm) Wout^T [* softcap], only for the
+ * rows whose logits are wanted.
+ */
+#include "model_internal.h"
+
+#include <string.h>
+
+/* ==== one layer ============================================================ */
+
+static void forward_layer(kv_session *s, int il, int T) {
+    kv_model *m = s->m;
+    kv_backend *be = &m->be;
+    const kv_model_info *in = &m->info;
+    const kv_layer *L = &m->layers[il];
+    const int n_embd = in->n_embd, n_head = in->n_head, n_kv = in->n_head_kv;
+    const int hd = in->head_dim, hdv = in->head_dim_v;
+
+    /* ---- attention ---- */
+    be->rmsnorm(be, s->xb, s->x, L->attn_norm, T, n_embd, m->eps);             /* (T, n_embd) */
+    be->matmul(be, &L->wq, L->bq, s->xb, T, s->q, n_head * hd, s->mm_scratch); /* (T, n_head*hd) */
+    be->matmul(be, &L->wk, L->bk, s->xb, T, s->k, n_kv * hd, s->mm_scratch);   /* (T, n_kv*hd) */
+    be->matmul(be, &L->wv, L->bv, s->xb, T, s->v, n_kv * hdv, s->mm_scratch);  /* (T, n_kv*hdv) */
+    if (L->q_norm) be->rmsnorm(be, s->q, s->q, L->q_norm, (int64_t)T * n_head, hd, m->eps);
+    if (L->k_norm) be->rmsnorm(be, s->k, s->k, L->k_norm, (int64_t)T * n_kv, hd, m->eps);
+    be->rope(be, s->q, T, n_head, hd, s->pos_buf, &L->rope);
+    be->rope(be, s->k, T, n_kv, hd, s->pos_buf, &L->rope);
+    if (m->q_scale != 1.0f) be->scale(be, s->q, (int64_t)T * n_head * hd, m->q_scale);
+    be->kv_store(be, s->kv, il, s->pos, T, s->k, s->v);
+
+    kv_attn_params ap = {
+        .layer = il, .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .head_dim_v = hdv,
+        .scale = m->kq_scale, .window = L->window, .softcap = 0.0f,
+    };
+    be->attention(be, s->kv, &ap, s->q, T, s->pos, s->att, s->awork); /* (T, n_head*hdv) */
+
+    be->matmul(be, &L->wo, NULL, s->att, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
+    if (L->post_attn_norm) be->rmsnorm(be, s->xb, s->xb, L->post_attn_norm, T, n_embd, m->eps);
+    be->add(be, s->x, s->xb, (int64_t)T * n_embd);
+
+    /* ---- feed-forward ---- */
+    const int n_ff = in->n_ff;
+    be->rmsnorm(be, s->xb, s->x, L->ffn_norm, T, n_embd, m->eps);
+    be->matmul(be, &L->w_gate, NULL, s->xb, T, s->gate, n_ff, s->mm_scratch); /* (T, n_ff) */
+    be->matmul(be, &L->w_up, NULL, s->xb, T, s->up, n_ff, s->mm_scratch);     /* (T, n_ff) */
+    be->ffn_act(be, s->gate, s->up, (int64_t)T * n_ff, m->act);
+    be->matmul(be, &L->w_down, NULL, s->gate, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
+    if (L->post_ffw_norm) be->rmsnorm(be, s->xb, s->xb, L->post_ffw_norm, T, n_embd, m->eps);
+    be->add(be, s->x, s->xb, (int64_t)T * n_embd);
+}
+
+/* ==== the whole pass ======================================================= */
+
+void kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits) {
+    kv_model *m = s->m;
+    kv_backend *be = &m->be;
+    const int n_embd = m->info.n_embd, n_vocab = m->info.n_vocab;
+
+    for (int t = 0; t < T; t++) s->pos_buf[t] = s->pos + t;
+    be->embed(be, &m->tok_embd, ids, T, s->x); /* (T, n_embd) */
+    if (m->embd_scale != 1.0f) be->scale(be, s->x, (int64_t)T * n_embd, m->embd_scale);
+
+    for (int il = 0; il < m->info.n_layer; il++) forward_layer(s, il, T);
+
+    if (logits_mode == KV_LOGITS_NONE) return;
+    /* rows wanted: the last one, or all */
+    int r0 = logits_mode == KV_LOGITS_ALL ? 0 : T - 1, nr = T - r0;
+    const float *xr = s->x + (size_t)r0 * n_embd;                       /* (nr, n_embd) */
+    be->rmsnorm(be, s->xb, xr, m->output_norm, nr, n_embd, m->eps);     /* (nr, n_embd) */
+    be->matmul(be, &m->output, NULL, s->xb, nr, logits, n_vocab, s->mm_scratch); /* (nr, n_vocab) */
+    if (m->final_softcap > 0.0f) be->softcap(be, logits, (int64_t)nr * n_vocab, m->final_softcap);
+}

@@ -1,0 +1,86 @@
+/*
+ * model_internal.h — what model.c (loader, sessions) and forward.c (the
+ * transformer graph) share: the loaded model's hyperparameters and weight
+ * views, and a session's state and scratch. Not part of the public API.
+ */
+#ifndef KV_MODEL_INTERNAL_H
+#define KV_MODEL_INTERNAL_H
+
+#include "backend.h"
+#include "kvcache.h"
+#include "kvlua.h"
+
+typedef enum { KV_ARCH_LLAMA, KV_ARCH_QWEN2, KV_ARCH_GEMMA3 } kv_arch;
+
+/* Longest chunk of tokens one forward pass handles (prefill is split). */
+#define KV_CHUNK 128
+
+typedef struct {
+    const float *attn_norm;      /* (n_embd) */
+    kv_weight wq, wk, wv, wo;    /* (n_head*hd, n_embd) (n_kv*hd, n_embd) (n_kv*hdv, n_embd) (n_embd, n_head*hdv) */
+    const float *bq, *bk, *bv;   /* qwen2 biases (n_head*hd) (n_kv*hd) (n_kv*hdv), or NULL */
+    const float *q_norm, *k_norm; /* gemma3 QK-norm (hd), or NULL */
+    const float *post_attn_norm; /* gemma3 (n_embd), or NULL */
+    const float *ffn_norm;       /* (n_embd) */
+    kv_weight w_gate, w_up, w_down; /* (n_ff, n_embd) (n_ff, n_embd) (n_embd, n_ff) */
+    const float *post_ffw_norm;  /* gemma3 (n_embd), or NULL */
+    int window;                  /* sliding window of this layer, 0: full attention */
+    kv_rope_params rope;         /* per layer: gemma3 local layers use base 10000 */
+} kv_layer;
+
+struct kv_model {
+    kv_model_info info;
+    kv_gguf *g;
+    kv_vocab *vocab;
+    kv_pool *pool;
+    kv_backend be;
+    bool be_ready;
+
+    kv_arch arch;
+    float eps;          /* RMSNorm epsilon */
+    float q_scale;      /* applied to Q after RoPE (gemma3), else 1 */
+    float kq_scale;     /* applied to q.k inside attention (1/sqrt(head_dim) for llama/qwen2) */
+    float final_softcap; /* 0: none */
+    float embd_scale;   /* 1, or sqrt(n_embd) for gemma3 */
+    int act;            /* KV_ACT_SILU / KV_ACT_GELU_TANH */
+
+    kv_weight tok_embd;      /* (n_vocab, n_embd) */
+    const float *output_norm; /* (n_embd) */
+    kv_weight output;        /* (n_vocab, n_embd); token_embd when tied */
+    kv_layer *layers;        /* (n_layer) */
+    float *f32_arena;        /* norm weights, biases and rope factors converted to float */
+};
+
+struct kv_session {
+    kv_model *m;
+    int n_ctx, pos;
+    int32_t *tokens;   /* (n_ctx) ids held */
+    kv_kvcache *kv;
+
+    /* scratch, allocated once (KV_CHUNK tokens) */
+    float *x;     /* (KV_CHUNK, n_embd) residual stream */
+    float *xb;    /* (KV_CHUNK, n_embd) normed input / projection out */
+    float *q;     /* (KV_CHUNK, n_head * head_dim) */
+    float *k;     /* (KV_CHUNK, n_head_kv * head_dim) */
+    float *v;     /* (KV_CHUNK, n_head_kv * head_dim_v) */
+    float *att;   /* (KV_CHUNK, n_head * head_dim_v) attention output */
+    float *gate;  /* (KV_CHUNK, n_ff) */
+    float *up;    /* (KV_CHUNK, n_ff) */
+    float *awork; /* attention scratch (backend-sized) */
+    int32_t *pos_buf;  /* (KV_CHUNK) positions of the chunk */
+    void *mm_scratch;  /* matmul activation quantization */
+    size_t mm_scratch_size;
+};
+
+/* Opens a session with explicit K/V storage types (F16 = 1, F32 = 0). */
+kv_status kv_session_open_ex(kv_model *m, int n_ctx, int ktype, int vtype, kv_session **out,
+                             kv_error *e);
+
+/* Runs the transformer over T <= KV_CHUNK tokens ids at positions
+ * s->pos .. s->pos+T-1 (their K/V are written to the cache). Writes logits
+ * for the last token (mode KV_LOGITS_LAST: logits (n_vocab)) or for every
+ * token (KV_LOGITS_ALL: logits (T, n_vocab)), or none. Does not move
+ * s->pos. */
+void kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits);
+
+#endif
