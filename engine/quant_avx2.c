@@ -1,7 +1,587 @@
-/* quant_avx2.c — AVX2/FMA/F16C kernels (placeholder: scalar only for now). */
+/*
+ * quant_avx2.c — AVX2/FMA/F16C versions of the hot kernels.
+ *
+ * Every function carries a target attribute instead of the whole file being
+ * compiled with -mavx2, so the library still loads on older CPUs;
+ * kv_kernels_avx2() checks the CPU before installing anything.
+ *
+ * Shapes: a "tile" is NR weight rows x NT tokens; each weight block is
+ * unpacked once and used for NT tokens, each activation block loaded once
+ * per NR rows (the prefill path). With NT = 1 the same code is the decode
+ * path. The integer products use maddubs (u8 x s8 -> s16 pairs) then madd
+ * with ones (-> s32), and one float FMA per block with the product of the
+ * two block scales.
+ *
+ * The activation quantizers reproduce the scalar ones byte for byte
+ * (roundf's ties-away-from-zero is rebuilt from truncation), so the fast
+ * and the reference paths see identical integer inputs.
+ */
 #include "quant_impl.h"
+
+#include <string.h>
+
+#include "types.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <immintrin.h>
+
+#define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KV_INL static inline __attribute__((always_inline)) KV_AVX2
+
+/* =========================================================================
+ * helpers
+ * ========================================================================= */
+
+KV_INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+KV_INL float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+KV_INL int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 16 bytes of packed nibbles -> 32 bytes 0..15: low nibbles first (elements 0..15). */
+KV_INL __m256i nibbles32(const uint8_t *q) {
+    __m128i t = _mm_loadu_si128((const __m128i *)q);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set. */
+KV_INL __m256i bits32(const uint8_t *qh) {
+    uint32_t x;
+    memcpy(&x, qh, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+
+/* sum of u8 x s8 products, as 8 int32 -> float */
+KV_INL __m256 dot_us(__m256i u, __m256i s) {
+    __m256i p = _mm256_maddubs_epi16(u, s);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* =========================================================================
+ * 32-element formats x Q8_0 / Q8_1: one generic tile
+ * ========================================================================= */
+
+/* Weight block b of a row: the 32 quants as bytes (signed for the symmetric
+ * formats, unsigned for Q4_1/Q5_1), the scale and (unsigned formats) min. */
+KV_INL __m256i w32_load(int WT, const uint8_t *row, int64_t b, float *d, float *m) {
+    switch (WT) {
+    case KV_TYPE_Q4_0: {
+        const kv_block_q4_0 *x = (const kv_block_q4_0 *)row + b;
+        *d = h2f(x->d);
+        return _mm256_sub_epi8(nibbles32(x->qs), _mm256_set1_epi8(8));
+    }
+    case KV_TYPE_Q4_1: {
+        const kv_block_q4_1 *x = (const kv_block_q4_1 *)row + b;
+        *d = h2f(x->d), *m = h2f(x->m);
+        return nibbles32(x->qs);
+    }
+    case KV_TYPE_Q5_0: {
+        const kv_block_q5_0 *x = (const kv_block_q5_0 *)row + b;
+        *d = h2f(x->d);
+        __m256i hi = _mm256_andnot_si256(bits32(x->qh), _mm256_set1_epi8((char)0xF0));
+        return _mm256_or_si256(nibbles32(x->qs), hi);
+    }
+    case KV_TYPE_Q5_1: {
+        const kv_block_q5_1 *x = (const kv_block_q5_1 *)row + b;
+        *d = h2f(x->d), *m = h2f(x->m);
+        __m256i hi = _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10));
+        return _mm256_or_si256(nibbles32(x->qs), hi);
+    }
+    default: { /* Q8_0 */
+        const kv_block_q8_0 *x = (const kv_block_q8_0 *)row + b;
+        *d = h2f(x->d);
+        return _mm256_loadu_si256((const __m256i *)x->qs);
+    }
+    }
+}
+
+#define W32_UNSIGNED(WT) ((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1)
+
+/* y[t*ldy + r] for r < NR, t < NT. */
+KV_INL void tile32(int WT, int NR, int NT, int64_t nb, const uint8_t *W, size_t ws,
+                   const uint8_t *X, size_t xs, float *y, int64_t ldy) {
+    __m256 acc[4][4];
+    float msum[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps(), msum[r][t] = 0;
+
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wq[4], wa[4];
+        __m256 wd[4];
+        float wm[4] = {0, 0, 0, 0};
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            float d;
+            wq[r] = w32_load(WT, W + r * ws, b, &d, &wm[r]);
+            wd[r] = _mm256_set1_ps(d);
+            if (!W32_UNSIGNED(WT)) wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256i xq;
+            __m256 xd;
+            if (W32_UNSIGNED(WT)) {
+                const kv_block_q8_1 *xb = (const kv_block_q8_1 *)(X + t * xs) + b;
+                xq = _mm256_loadu_si256((const __m256i *)xb->qs);
+                xd = _mm256_set1_ps(h2f(xb->d));
+                float s = h2f(xb->s);
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) msum[r][t] += wm[r] * s;
+            } else {
+                const kv_block_q8_0 *xb = (const kv_block_q8_0 *)(X + t * xs) + b;
+                xq = _mm256_loadu_si256((const __m256i *)xb->qs);
+                xd = _mm256_set1_ps(h2f(xb->d));
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                __m256 p = W32_UNSIGNED(WT) ? dot_us(wq[r], xq)
+                                            : dot_us(wa[r], _mm256_sign_epi8(xq, wq[r]));
+                acc[r][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(wd[r], xd), acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) y[t * ldy + r] = hsum_ps(acc[r][t]) + msum[r][t];
+}
+
+/* Instantiations and the tile dispatcher for one weight type: rows in
+ * steps of 2 (then 1), tokens in steps of 4 (then 3, 2, 1). */
+#define TILE32_FNS(NAME, WT)                                                                       \
+    static KV_AVX2 void NAME##_2x4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
+                                   size_t xs, float *y, int64_t ldy) {                              \
+        tile32(WT, 2, 4, nb, W, ws, X, xs, y, ldy);                                                 \
+    }                                                                                               \
+    static KV_AVX2 void NAME##_2x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
+                                   size_t xs, float *y, int64_t ldy) {                              \
+        tile32(WT, 2, 1, nb, W, ws, X, xs, y, ldy);                                                 \
+    }                                                                                               \
+    static KV_AVX2 void NAME##_1x4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
+                                   size_t xs, float *y, int64_t ldy) {                              \
+        tile32(WT, 1, 4, nb, W, ws, X, xs, y, ldy);                                                 \
+    }                                                                                               \
+    static KV_AVX2 void NAME##_1x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
+                                   size_t xs, float *y, int64_t ldy) {                              \
+        tile32(WT, 1, 1, nb, W, ws, X, xs, y, ldy);                                                 \
+    }                                                                                               \
+    static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *X,     \
+                             size_t xs, int nt, float *y, int64_t ldy) {                            \
+        int64_t nb = K / 32;                                                                        \
+        int t = 0;                                                                                  \
+        for (; t + 4 <= nt; t += 4) {                                                               \
+            int r = 0;                                                                              \
+            for (; r + 2 <= nr; r += 2) NAME##_2x4(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy); \
+            for (; r < nr; r++) NAME##_1x4(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy); \
+        }                                                                                           \
+        for (; t < nt; t++) {                                                                       \
+            int r = 0;                                                                              \
+            for (; r + 2 <= nr; r += 2) NAME##_2x1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy); \
+            for (; r < nr; r++) NAME##_1x1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy); \
+        }                                                                                           \
+    }                                                                                               \
+    static KV_AVX2 void NAME##_dot(int64_t n, float *s, const void *w, const void *x) {             \
+        NAME##_1x1(n / 32, w, 0, x, 0, s, 0);                                                        \
+    }
+
+TILE32_FNS(tile_q4_0, KV_TYPE_Q4_0)
+TILE32_FNS(tile_q4_1, KV_TYPE_Q4_1)
+TILE32_FNS(tile_q5_0, KV_TYPE_Q5_0)
+TILE32_FNS(tile_q5_1, KV_TYPE_Q5_1)
+TILE32_FNS(tile_q8_0, KV_TYPE_Q8_0)
+
+/* =========================================================================
+ * K-quants x Q8_K
+ * ========================================================================= */
+
+/* Q4_K scales (sc[8]) and mins of a super-block; mins also as 8 int16. */
+KV_INL __m128i k4_scales(const uint8_t *s, uint8_t sc[8]) {
+    uint8_t m[16] = {0};
+    for (int j = 0; j < 8; j++) kv_scale_min_k4(j, s, &sc[j], &m[j]);
+    return _mm_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)m));
+}
+
+/* Sum over 8 sub-blocks of m_j * (bsums[2j] + bsums[2j+1]). */
+KV_INL int k_minsum(__m128i mins, const int16_t *bsums) {
+    __m256i bs = _mm256_loadu_si256((const __m256i *)bsums);
+    __m128i pair = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    __m128i p = _mm_madd_epi16(mins, pair);
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0x4E));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0xB1));
+    return _mm_cvtsi128_si32(p);
+}
+
+/* One Q4_K/Q5_K super-block against NT Q8_K rows; Q5 when QH != NULL. */
+KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc,
+                      const kv_block_q8_k *const *xb, __m256i *isum) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (qh) {
+            __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(h, 2 * j), _mm256_set1_epi8(1));
+            __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(h, 2 * j + 1), _mm256_set1_epi8(1));
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+        }
+        __m256i s0 = _mm256_set1_epi16(sc[2 * j]);
+        __m256i s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256i y0 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j));
+            __m256i y1 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j + 32));
+            __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s0);
+            __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s1);
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(p0, p1));
+        }
+    }
+}
+
+KV_INL void tile_k45(int Q5, int NT, int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs,
+                     float *y, int64_t ldy) {
+    __m256 acc[4];
+    float macc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps(), macc[t] = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *qs, *qh = NULL, *scales;
+        float d, dmin;
+        if (Q5) {
+            const kv_block_q5_k *w = (const kv_block_q5_k *)W + b;
+            qs = w->qs, qh = w->qh, scales = w->scales, d = h2f(w->d), dmin = h2f(w->dmin);
+        } else {
+            const kv_block_q4_k *w = (const kv_block_q4_k *)W + b;
+            qs = w->qs, scales = w->scales, d = h2f(w->d), dmin = h2f(w->dmin);
+        }
+        uint8_t sc[8];
+        __m128i mins = k4_scales(scales, sc);
+        const kv_block_q8_k *xb[4];
+        __m256i isum[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            xb[t] = (const kv_block_q8_k *)(X + t * xs) + b;
+            isum[t] = _mm256_setzero_si256();
+        }
+        k45_block(NT, qs, qh, sc, xb, isum);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            float dx = xb[t]->d;
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * dx), acc[t]);
+            macc[t] += dmin * dx * (float)k_minsum(mins, xb[t]->bsums);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) y[t * ldy] = hsum_ps(acc[t]) - macc[t];
+}
+
+/* Q6_K: q = (4 low bits | 2 high bits << 4) in 0..63, minus 32 via bsums. */
+KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs, float *y,
+                     int64_t ldy) {
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb; b++) {
+        const kv_block_q6_k *w = (const kv_block_q6_k *)W + b;
+        const kv_block_q8_k *xb[4];
+        __m256i isum[4];
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)w->scales);
+        __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* 16 scales as int16 */
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            xb[t] = (const kv_block_q8_k *)(X + t * xs) + b;
+            /* -32 * sum_j sc_j * bsums_j */
+            __m256i bs = _mm256_loadu_si256((const __m256i *)xb[t]->bsums);
+            isum[t] = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+            isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), isum[t]);
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w->ql + 64 * h, *qh = w->qh + 32 * h;
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i hh = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m2), 4));
+            /* q[k] covers elements 128h + 32k .. +32: scales 8h + 2k, 8h + 2k + 1 */
+            __m256i sc[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                int i0 = 8 * h + 2 * k;
+                __m128i a = _mm_set1_epi16((short)w->scales[i0]);
+                __m128i c = _mm_set1_epi16((short)w->scales[i0 + 1]);
+                sc[k] = _mm256_set_m128i(c, a);
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const int8_t *yq = xb[t]->qs + 128 * h;
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    __m256i yy = _mm256_loadu_si256((const __m256i *)(yq + 32 * k));
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], yy), sc[k]);
+                    isum[t] = _mm256_add_epi32(isum[t], p);
+                }
+            }
+        }
+        float d = h2f(w->d);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * xb[t]->d), acc[t]);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) y[t * ldy] = hsum_ps(acc[t]);
+}
+
+#define TILEK_FNS(NAME, CALL4, CALL1)                                                              \
+    static KV_AVX2 void NAME##_4(int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs,        \
+                                 float *y, int64_t ldy) { CALL4; }                                  \
+    static KV_AVX2 void NAME##_1(int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs,        \
+                                 float *y, int64_t ldy) { CALL1; }                                  \
+    static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *X,     \
+                             size_t xs, int nt, float *y, int64_t ldy) {                            \
+        int64_t nb = K / 256;                                                                       \
+        int t = 0;                                                                                  \
+        for (; t + 4 <= nt; t += 4)                                                                 \
+            for (int r = 0; r < nr; r++) NAME##_4(nb, W + r * ws, X + t * xs, xs, y + t * ldy + r, ldy); \
+        for (; t < nt; t++)                                                                         \
+            for (int r = 0; r < nr; r++) NAME##_1(nb, W + r * ws, X + t * xs, xs, y + t * ldy + r, ldy); \
+    }                                                                                               \
+    static KV_AVX2 void NAME##_dot(int64_t n, float *s, const void *w, const void *x) {             \
+        NAME##_1(n / 256, w, x, 0, s, 0);                                                           \
+    }
+
+TILEK_FNS(tile_q4_k, tile_k45(0, 4, nb, W, X, xs, y, ldy), tile_k45(0, 1, nb, W, X, xs, y, ldy))
+TILEK_FNS(tile_q5_k, tile_k45(1, 4, nb, W, X, xs, y, ldy), tile_k45(1, 1, nb, W, X, xs, y, ldy))
+TILEK_FNS(tile_q6_k, tile_q6k(4, nb, W, X, xs, y, ldy), tile_q6k(1, nb, W, X, xs, y, ldy))
+
+/* =========================================================================
+ * float weights x F32 activations
+ * ========================================================================= */
+
+KV_INL __m256 load8(int WT, const void *w, int64_t i) {
+    if (WT == KV_TYPE_F32) return _mm256_loadu_ps((const float *)w + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (WT == KV_TYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+KV_INL float scalar_w(int WT, const void *w, int64_t i) {
+    if (WT == KV_TYPE_F32) return ((const float *)w)[i];
+    uint16_t h = ((const uint16_t *)w)[i];
+    if (WT == KV_TYPE_F16) return h2f(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+KV_INL float dotf(int WT, int64_t n, const void *w, const float *x) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(load8(WT, w, i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(load8(WT, w, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(load8(WT, w, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(load8(WT, w, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8(WT, w, i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) s += scalar_w(WT, w, i) * x[i];
+    return s;
+}
+
+#define FLOAT_FNS(NAME, WT)                                                                        \
+    static KV_AVX2 void NAME##_dot(int64_t n, float *s, const void *w, const void *x) {             \
+        *s = dotf(WT, n, w, x);                                                                     \
+    }                                                                                               \
+    static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *X,     \
+                             size_t xs, int nt, float *y, int64_t ldy) {                            \
+        for (int t = 0; t < nt; t++)                                                                \
+            for (int r = 0; r < nr; r++)                                                            \
+                y[t * ldy + r] = dotf(WT, K, W + r * ws, (const float *)(X + t * xs));             \
+    }
+
+FLOAT_FNS(tile_f32, KV_TYPE_F32)
+FLOAT_FNS(tile_f16, KV_TYPE_F16)
+FLOAT_FNS(tile_bf16, KV_TYPE_BF16)
+
+/* =========================================================================
+ * activation quantizers (byte-identical to the scalar ones)
+ * ========================================================================= */
+
+/* roundf (ties away from zero) of 8 floats, as int32. */
+KV_INL __m256i round_away(__m256 v) {
+    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(v, t); /* exact */
+    __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 big = _mm256_cmp_ps(_mm256_and_ps(f, absmask), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_andnot_ps(absmask, v)); /* +-1 */
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(big, one)));
+}
+
+/* 32 int32 (4 vectors) -> 32 int8 in order. */
+KV_INL __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+    __m256i r = _mm256_packs_epi16(ab, cd);
+    return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+KV_INL float amax32(const float *x) {
+    __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 m = _mm256_and_ps(_mm256_loadu_ps(x), absmask);
+    m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8), absmask));
+    m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 16), absmask));
+    m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 24), absmask));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+KV_INL __m256i q8_block(const float *x, float id) {
+    __m256 vid = _mm256_set1_ps(id);
+    __m256i a = round_away(_mm256_mul_ps(_mm256_loadu_ps(x), vid));
+    __m256i b = round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 8), vid));
+    __m256i c = round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 16), vid));
+    __m256i d = round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 24), vid));
+    return pack32(a, b, c, d);
+}
+
+static KV_AVX2 void quant_q8_0(const float *x, void *dst, int64_t n) {
+    kv_block_q8_0 *b = dst;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float amax = amax32(x);
+        float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+        b[i].d = _cvtss_sh(d, 0);
+        _mm256_storeu_si256((__m256i *)b[i].qs, q8_block(x, id));
+    }
+}
+
+static KV_AVX2 void quant_q8_1(const float *x, void *dst, int64_t n) {
+    kv_block_q8_1 *b = dst;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float amax = amax32(x);
+        float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+        __m256i q = q8_block(x, id);
+        _mm256_storeu_si256((__m256i *)b[i].qs, q);
+        __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
+        int sum = hsum_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+        b[i].d = _cvtss_sh(d, 0);
+        b[i].s = _cvtss_sh((float)sum * d, 0);
+    }
+}
+
+static KV_AVX2 void quant_q8_k(const float *x, void *dst, int64_t n) {
+    kv_block_q8_k *b = dst;
+    for (int64_t i = 0; i < n / 256; i++, x += 256) {
+        float amax = 0;
+        for (int j = 0; j < 256; j += 32) {
+            float a = amax32(x + j);
+            if (a > amax) amax = a;
+        }
+        if (amax == 0) {
+            memset(&b[i], 0, sizeof b[i]);
+            continue;
+        }
+        /* the first element with |x| == amax gives the sign, as in the scalar code */
+        float max = 0;
+        __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+        __m256 va = _mm256_set1_ps(amax);
+        for (int j = 0; j < 256; j += 8) {
+            __m256 v = _mm256_loadu_ps(x + j);
+            int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, absmask), va, _CMP_EQ_OQ));
+            if (m) {
+                max = x[j + __builtin_ctz((unsigned)m)];
+                break;
+            }
+        }
+        float iscale = -127.f / max;
+        __m256 vis = _mm256_set1_ps(iscale);
+        __m256i lim = _mm256_set1_epi32(127);
+        for (int j = 0; j < 256; j += 32) {
+            __m256i q[4];
+            for (int k = 0; k < 4; k++) {
+                __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), vis);
+                v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(v), lim);
+            }
+            __m256i p = pack32(q[0], q[1], q[2], q[3]);
+            _mm256_storeu_si256((__m256i *)(b[i].qs + j), p);
+            /* two bsums of 16 */
+            __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p),
+                                            _mm256_set1_epi16(1)); /* 8 x int32, 4 per 16 */
+            __m128i lo = _mm256_castsi256_si128(s16), hi = _mm256_extracti128_si256(s16, 1);
+            lo = _mm_hadd_epi32(lo, hi);  /* 4 sums of 8 */
+            lo = _mm_hadd_epi32(lo, lo);  /* 2 sums of 16 */
+            b[i].bsums[j / 16] = (int16_t)_mm_cvtsi128_si32(lo);
+            b[i].bsums[j / 16 + 1] = (int16_t)_mm_extract_epi32(lo, 1);
+        }
+        b[i].d = 1 / iscale;
+    }
+}
+
+/* =========================================================================
+ * install
+ * ========================================================================= */
+
+int kv_kernels_avx2(kv_kernels *k) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+    /* F16C has no __builtin_cpu_supports name in older compilers: CPUID.1:ECX bit 29 */
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    if (!(c & (1u << 29))) return 0;
+
+    k->tile[KV_TYPE_Q4_0] = tile_q4_0, k->dot[KV_TYPE_Q4_0] = tile_q4_0_dot;
+    k->tile[KV_TYPE_Q4_1] = tile_q4_1, k->dot[KV_TYPE_Q4_1] = tile_q4_1_dot;
+    k->tile[KV_TYPE_Q5_0] = tile_q5_0, k->dot[KV_TYPE_Q5_0] = tile_q5_0_dot;
+    k->tile[KV_TYPE_Q5_1] = tile_q5_1, k->dot[KV_TYPE_Q5_1] = tile_q5_1_dot;
+    k->tile[KV_TYPE_Q8_0] = tile_q8_0, k->dot[KV_TYPE_Q8_0] = tile_q8_0_dot;
+    k->tile[KV_TYPE_Q4_K] = tile_q4_k, k->dot[KV_TYPE_Q4_K] = tile_q4_k_dot;
+    k->tile[KV_TYPE_Q5_K] = tile_q5_k, k->dot[KV_TYPE_Q5_K] = tile_q5_k_dot;
+    k->tile[KV_TYPE_Q6_K] = tile_q6_k, k->dot[KV_TYPE_Q6_K] = tile_q6_k_dot;
+    k->tile[KV_TYPE_F32] = tile_f32, k->dot[KV_TYPE_F32] = tile_f32_dot;
+    k->tile[KV_TYPE_F16] = tile_f16, k->dot[KV_TYPE_F16] = tile_f16_dot;
+    k->tile[KV_TYPE_BF16] = tile_bf16, k->dot[KV_TYPE_BF16] = tile_bf16_dot;
+    k->quant[KV_TYPE_Q8_0] = quant_q8_0;
+    k->quant[KV_TYPE_Q8_1] = quant_q8_1;
+    k->quant[KV_TYPE_Q8_K] = quant_q8_k;
+    k->tile_rows = 2;
+    k->tile_toks = 4;
+    return 1;
+}
+
+#else
 
 int kv_kernels_avx2(kv_kernels *k) {
     (void)k;
     return 0;
 }
+
+#endif

@@ -1,0 +1,99 @@
+/*
+ * bench-kernels.c — microbenchmark of kv_matmul on SmolLM2-135M and
+ * Llama-3.2-1B matrix shapes: decode (T=1, weight GB/s) and prefill
+ * (T=64/128/512, GFLOP/s). Not a test: it prints figures.
+ *
+ *   gcc -O2 -Iengine engine/*.c scripts/bench-kernels.c -o bench-kernels -lm -lpthread
+ *   ./bench-kernels [type=Q4_0] [threads=physical cores] [seconds per case=0.3]
+ *
+ * Decode cycles through enough copies of each matrix (>= 128 MiB) that the
+ * weights come from memory, as in a real forward pass; KVLUA_SIMD=scalar
+ * measures the portable path.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "quant.h"
+
+/* BENCH_CPUTIME=1: process CPU time instead of wall time (a busy shared
+ * machine; meaningful with 1 thread, where nothing spins). */
+static clockid_t g_clock = CLOCK_MONOTONIC;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(g_clock, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int type_by_name(const char *s) {
+    for (int t = 0; t < KV_TYPE_COUNT; t++) {
+        const kv_type_traits *tr = kv_type_traits_get(t);
+        if (tr && strcmp(tr->name, s) == 0) return t;
+    }
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    int wt = type_by_name(argc > 1 ? argv[1] : "Q4_0");
+    int nth = argc > 2 ? atoi(argv[2]) : kv_physical_cores();
+    double secs = argc > 3 ? atof(argv[3]) : 0.3;
+    if (getenv("BENCH_CPUTIME")) g_clock = CLOCK_PROCESS_CPUTIME_ID;
+    if (wt < 0 || kv_vec_dot_type(wt) < 0) {
+        fprintf(stderr, "unsupported type %s\n", argv[1]);
+        return 1;
+    }
+    kv_pool *pool;
+    kv_error e;
+    if (kv_pool_create(nth, &pool, &e) != KV_OK) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
+    static const struct { const char *model; int64_t rows, K; } shapes[] = {
+        {"smollm2", 576, 576},   {"smollm2", 192, 576},   {"smollm2", 1536, 576},
+        {"smollm2", 576, 1536},  {"smollm2", 49152, 576}, {"llama1b", 2048, 2048},
+        {"llama1b", 512, 2048},  {"llama1b", 8192, 2048}, {"llama1b", 2048, 8192},
+    };
+    static const int Ts[] = {1, 64, 128, 512};
+    printf("type %s, %d threads, simd %s\n", kv_type_traits_get(wt)->name, nth, kv_simd_name());
+    printf("%-8s %6s %6s %5s %10s %9s %10s\n", "model", "rows", "K", "T", "us/call", "GB/s", "GFLOP/s");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t rows = shapes[s].rows, K = shapes[s].K;
+        if (K % kv_type_traits_get(wt)->blck) continue;
+        size_t wbytes = kv_row_size(wt, K) * (size_t)rows;
+        int ncopies = (int)((128u << 20) / wbytes) + 1;
+        uint8_t *W = malloc(wbytes * ncopies);
+        float *src = malloc((size_t)K * 4);
+        if (!W || !src) return 1;
+        srand(1);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t k = 0; k < K; k++) src[k] = (float)rand() / RAND_MAX - 0.5f;
+            kv_quantize_row(wt, src, W + r * kv_row_size(wt, K), K);
+        }
+        for (int c = 1; c < ncopies; c++) memcpy(W + c * wbytes, W, wbytes);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int64_t T = Ts[ti];
+            float *x = malloc((size_t)(T * K) * 4), *y = malloc((size_t)(T * rows) * 4);
+            void *scratch = malloc(kv_matmul_scratch_size(wt, K, T));
+            for (int64_t i = 0; i < T * K; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
+            int copies = T == 1 ? ncopies : 1;
+            kv_matmul(pool, wt, W, rows, K, x, T, y, rows, scratch); /* warm up */
+            long n = 0;
+            double t0 = now(), t1;
+            do {
+                kv_matmul(pool, wt, W + (n % copies) * wbytes, rows, K, x, T, y, rows, scratch);
+                n++;
+                t1 = now();
+            } while (t1 - t0 < secs);
+            double per = (t1 - t0) / n;
+            printf("%-8s %6ld %6ld %5ld %10.1f %9.2f %10.2f\n", shapes[s].model, (long)rows, (long)K,
+                   (long)T, per * 1e6, wbytes / per / 1e9, 2.0 * rows * K * T / per / 1e9);
+            fflush(stdout);
+            free(x), free(y), free(scratch);
+        }
+        free(W), free(src);
+    }
+    kv_pool_destroy(pool);
+    return 0;
+}
