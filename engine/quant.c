@@ -14,6 +14,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -729,7 +730,8 @@ static kv_dot_fn dot_ref_fn(int wtype) {
 static kv_dot_fn g_ref_dot_for_tile[64];
 #define REF_TILE(T)                                                                          \
     static void tile_ref_##T(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *X, \
-                             size_t xs, int nt, float *y, int64_t ldy) {                     \
+                             size_t xs, int nt, float *y, int64_t ldy, const float *xf,      \
+                             int64_t t0) {                                                   \
         for (int t = 0; t < nt; t++)                                                         \
             for (int r = 0; r < nr; r++)                                                     \
                 g_ref_dot_for_tile[T](K, &y[t * ldy + r], W + r * ws, X + t * xs);           \
@@ -824,11 +826,19 @@ int kv_quantize_row(int type, const float *src, void *dst, int64_t n) {
 
 #define SCRATCH_ALIGN 64
 
+/* Scratch: (T, row size) quantized activations, then for the 32-element
+ * formats the side table of float scales and sums (see quant_impl.h). */
+static size_t side_floats(int vt, int64_t K, int64_t T) {
+    if (vt != KV_TYPE_Q8_0 && vt != KV_TYPE_Q8_1) return 0;
+    return (size_t)((T + 3) / 4) * (size_t)(K / 32) * 8;
+}
+
 size_t kv_matmul_scratch_size(int wtype, int64_t K, int64_t T) {
     int vt = kv_vec_dot_type(wtype);
     size_t rs = vt < 0 ? 0 : kv_row_size(vt, K);
     if (T < 0) T = 0;
-    return rs * (size_t)T + SCRATCH_ALIGN;
+    size_t q = (rs * (size_t)T + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN;
+    return SCRATCH_ALIGN + q + side_floats(vt, K, T) * sizeof(float);
 }
 
 typedef struct {
@@ -839,6 +849,7 @@ typedef struct {
     size_t ws, xs;
     const float *x;
     uint8_t *X; /* (T, xs) quantized activations */
+    float *xf;  /* side table or NULL */
     float *y;
     int vt;
     int64_t chunk, nchunks;
@@ -849,7 +860,25 @@ static void mm_quant_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
     int64_t t0 = j->T * ith / nth, t1 = j->T * (ith + 1) / nth;
     kv_quant_fn q = j->k->quant[j->vt];
-    for (int64_t t = t0; t < t1; t++) q(j->x + t * j->K, j->X + t * j->xs, j->K);
+    int64_t nb = j->K / 32;
+    size_t bs = j->vt == KV_TYPE_Q8_0 ? sizeof(kv_block_q8_0) : sizeof(kv_block_q8_1);
+    size_t qoff = j->vt == KV_TYPE_Q8_0 ? offsetof(kv_block_q8_0, qs) : offsetof(kv_block_q8_1, qs);
+    for (int64_t t = t0; t < t1; t++) {
+        uint8_t *row = j->X + t * j->xs;
+        q(j->x + t * j->K, row, j->K);
+        if (!j->xf) continue;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bs;
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            const int8_t *qs = (const int8_t *)(blk + qoff);
+            int sum = 0;
+            for (int i = 0; i < 32; i++) sum += qs[i];
+            float d = kv_f16_to_f32(dh);
+            j->xf[KV_XF(t, b, nb)] = d;
+            j->xf[KV_XF(t, b, nb) + 4] = d * (float)sum;
+        }
+    }
 }
 
 /* Rows [r0, r1) for all tokens, tiles of tr rows x tt tokens. */
@@ -860,7 +889,7 @@ static void mm_rows(mm_job *j, int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; r += tr) {
             int nr = (int)(r1 - r < tr ? r1 - r : tr);
             j->tile(j->K, j->W + r * j->ws, j->ws, nr, j->X + t * j->xs, j->xs, nt,
-                    j->y + t * j->ldy + r, j->ldy);
+                    j->y + t * j->ldy + r, j->ldy, j->xf, t);
         }
     }
 }
@@ -894,6 +923,8 @@ void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
     } else {
         uintptr_t p = ((uintptr_t)scratch + SCRATCH_ALIGN - 1) & ~(uintptr_t)(SCRATCH_ALIGN - 1);
         j.X = (uint8_t *)p;
+        if (side_floats(vt, K, T))
+            j.xf = (float *)(j.X + (xs * (size_t)T + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN);
         if (nth > 1 && T >= 4 * nth)
             kv_pool_run(pool, mm_quant_task, &j);
         else

@@ -77,129 +77,177 @@ KV_INL __m256 dot_us(__m256i u, __m256i s) {
  * 32-element formats x Q8_0 / Q8_1: one generic tile
  * ========================================================================= */
 
-/* Weight block b of a row: the 32 quants as bytes (signed for the symmetric
- * formats, unsigned for Q4_1/Q5_1), the scale and (unsigned formats) min. */
-KV_INL __m256i w32_load(int WT, const uint8_t *row, int64_t b, float *d, float *m) {
+/* Weight block b of a row: the 32 quants as bytes (unsigned 0..15 / 0..31
+ * for the 4- and 5-bit formats, signed for Q8_0), the scale d, and c, the
+ * coefficient of the activation block's sum d_x * sum(q_x): the offset of
+ * the symmetric formats (-8 d, -16 d) or the min of Q4_1 / Q5_1. */
+KV_INL __m256i w32_load(int WT, const uint8_t *row, int64_t b, float *d, float *c) {
     switch (WT) {
     case KV_TYPE_Q4_0: {
         const kv_block_q4_0 *x = (const kv_block_q4_0 *)row + b;
-        *d = h2f(x->d);
-        return _mm256_sub_epi8(nibbles32(x->qs), _mm256_set1_epi8(8));
+        *d = h2f(x->d), *c = -8 * *d;
+        return nibbles32(x->qs);
     }
     case KV_TYPE_Q4_1: {
         const kv_block_q4_1 *x = (const kv_block_q4_1 *)row + b;
-        *d = h2f(x->d), *m = h2f(x->m);
+        *d = h2f(x->d), *c = h2f(x->m);
         return nibbles32(x->qs);
     }
     case KV_TYPE_Q5_0: {
         const kv_block_q5_0 *x = (const kv_block_q5_0 *)row + b;
-        *d = h2f(x->d);
-        __m256i hi = _mm256_andnot_si256(bits32(x->qh), _mm256_set1_epi8((char)0xF0));
+        *d = h2f(x->d), *c = -16 * *d;
+        __m256i hi = _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10));
         return _mm256_or_si256(nibbles32(x->qs), hi);
     }
     case KV_TYPE_Q5_1: {
         const kv_block_q5_1 *x = (const kv_block_q5_1 *)row + b;
-        *d = h2f(x->d), *m = h2f(x->m);
+        *d = h2f(x->d), *c = h2f(x->m);
         __m256i hi = _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10));
         return _mm256_or_si256(nibbles32(x->qs), hi);
     }
     default: { /* Q8_0 */
         const kv_block_q8_0 *x = (const kv_block_q8_0 *)row + b;
-        *d = h2f(x->d);
+        *d = h2f(x->d), *c = 0;
         return _mm256_loadu_si256((const __m256i *)x->qs);
     }
     }
 }
 
-#define W32_UNSIGNED(WT) ((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1)
+#define W32_SIGNED(WT) ((WT) == KV_TYPE_Q8_0)
+/* activation blocks: Q8_1 (36 bytes, qs at 4) for Q4_1 / Q5_1, else Q8_0 (34, qs at 2) */
+#define X32_BS(WT) (((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1) ? 36 : 34)
+#define X32_QS(WT) (((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1) ? 4 : 2)
 
-/* y[t*ldy + r] for r < NR, t < NT. */
+/* 8 int32 partial sums of one weight block times one activation block */
+KV_INL __m256i w32_dot(int WT, __m256i wq, __m256i wa, __m256i xq) {
+    __m256i p = W32_SIGNED(WT) ? _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq))
+                               : _mm256_maddubs_epi16(wq, xq);
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* The symmetric 4/5-bit formats are stored as unsigned u = q + off; the
+ * offset is taken off in integers: sum (u - off) x = sum u x - off sum x. */
+#define W32_OFF(WT) ((WT) == KV_TYPE_Q4_0 ? 8 : (WT) == KV_TYPE_Q5_0 ? 16 : 0)
+
+/* NR rows x NT tokens, any t0 (tokens' scales read one by one): decode. */
 KV_INL void tile32(int WT, int NR, int NT, int64_t nb, const uint8_t *W, size_t ws,
-                   const uint8_t *X, size_t xs, float *y, int64_t ldy) {
+                   const uint8_t *X, size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) {
     __m256 acc[4][4];
-    float msum[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps(), msum[r][t] = 0;
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
 
     for (int64_t b = 0; b < nb; b++) {
         __m256i wq[4], wa[4];
-        __m256 wd[4];
-        float wm[4] = {0, 0, 0, 0};
+        __m256 wd[4], wc[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
-            float d;
-            wq[r] = w32_load(WT, W + r * ws, b, &d, &wm[r]);
+            float d, c;
+            wq[r] = w32_load(WT, W + r * ws, b, &d, &c);
             wd[r] = _mm256_set1_ps(d);
-            if (!W32_UNSIGNED(WT)) wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
+            wc[r] = _mm256_set1_ps(c);
+            wa[r] = W32_SIGNED(WT) ? _mm256_sign_epi8(wq[r], wq[r]) : wq[r];
         }
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
-            __m256i xq;
-            __m256 xd;
-            if (W32_UNSIGNED(WT)) {
-                const kv_block_q8_1 *xb = (const kv_block_q8_1 *)(X + t * xs) + b;
-                xq = _mm256_loadu_si256((const __m256i *)xb->qs);
-                xd = _mm256_set1_ps(h2f(xb->d));
-                float s = h2f(xb->s);
-#pragma GCC unroll 4
-                for (int r = 0; r < NR; r++) msum[r][t] += wm[r] * s;
-            } else {
-                const kv_block_q8_0 *xb = (const kv_block_q8_0 *)(X + t * xs) + b;
-                xq = _mm256_loadu_si256((const __m256i *)xb->qs);
-                xd = _mm256_set1_ps(h2f(xb->d));
-            }
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(X + t * xs + b * X32_BS(WT) + X32_QS(WT)));
+            const float *f = xf + KV_XF(t0 + t, b, nb);
+            __m256 xd = _mm256_set1_ps(f[0]);
+            __m256i off = _mm256_setzero_si256();
+            if (W32_OFF(WT))
+                off = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(W32_OFF(WT)), xq),
+                                        _mm256_set1_epi16(1));
+            __m256 sx = _mm256_setr_ps(f[4], 0, 0, 0, 0, 0, 0, 0);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                __m256 p = W32_UNSIGNED(WT) ? dot_us(wq[r], xq)
-                                            : dot_us(wa[r], _mm256_sign_epi8(xq, wq[r]));
-                acc[r][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(wd[r], xd), acc[r][t]);
+                __m256i i = w32_dot(WT, wq[r], wa[r], xq);
+                if (W32_OFF(WT)) i = _mm256_sub_epi32(i, off);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(wd[r], xd), acc[r][t]);
+                if ((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1)
+                    acc[r][t] = _mm256_fmadd_ps(wc[r], sx, acc[r][t]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++)
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) y[t * ldy + r] = hsum_ps(acc[r][t]) + msum[r][t];
+        for (int r = 0; r < NR; r++) y[t * ldy + r] = hsum_ps(acc[r][t]);
 }
 
-/* Instantiations and the tile dispatcher for one weight type: rows in
- * steps of 2 (then 1), tokens in steps of 4 (then 3, 2, 1). */
+/* NR rows x 4 tokens t0..t0+3, t0 % 4 == 0: the 4 tokens' integer sums are
+ * folded into one vector (hadd), so one convert and one FMA serve 4 tokens. */
+KV_INL void tile32x4(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,
+                     size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) {
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    const float *g = xf + KV_XF(t0, 0, nb);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i xq[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++)
+            xq[t] = _mm256_loadu_si256((const __m256i *)(X + t * xs + b * X32_BS(WT) + X32_QS(WT)));
+        __m256 d4 = _mm256_broadcast_ps((const __m128 *)(g + b * 8));           /* d0..d3 d0..d3 */
+        __m256 s4 = _mm256_castps128_ps256(_mm_loadu_ps(g + b * 8 + 4));
+        s4 = _mm256_insertf128_ps(s4, _mm_setzero_ps(), 1);                     /* s0..s3 0 0 0 0 */
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            float d, c;
+            __m256i wq = w32_load(WT, W + r * ws, b, &d, &c);
+            __m256i wa = W32_SIGNED(WT) ? _mm256_sign_epi8(wq, wq) : wq;
+            __m256i h01 = _mm256_hadd_epi32(w32_dot(WT, wq, wa, xq[0]), w32_dot(WT, wq, wa, xq[1]));
+            __m256i h23 = _mm256_hadd_epi32(w32_dot(WT, wq, wa, xq[2]), w32_dot(WT, wq, wa, xq[3]));
+            __m256 p = _mm256_cvtepi32_ps(_mm256_hadd_epi32(h01, h23));
+            acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(_mm256_set1_ps(d), d4), acc[r]);
+            if (!W32_SIGNED(WT)) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c), s4, acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        float o[4];
+        _mm_storeu_ps(o, v);
+        for (int t = 0; t < 4; t++) y[t * ldy + r] = o[t];
+    }
+}
+
+/* Instantiations and the tile dispatcher for one weight type. */
 #define TILE32_FNS(NAME, WT)                                                                       \
-    static KV_AVX2 void NAME##_2x4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
-                                   size_t xs, float *y, int64_t ldy) {                              \
-        tile32(WT, 2, 4, nb, W, ws, X, xs, y, ldy);                                                 \
+    static KV_AVX2 void NAME##_x4_4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,    \
+                                    size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
+        tile32x4(WT, 4, nb, W, ws, X, xs, y, ldy, xf, t0);                                          \
     }                                                                                               \
-    static KV_AVX2 void NAME##_2x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
-                                   size_t xs, float *y, int64_t ldy) {                              \
-        tile32(WT, 2, 1, nb, W, ws, X, xs, y, ldy);                                                 \
+    static KV_AVX2 void NAME##_x4_1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,    \
+                                    size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
+        tile32x4(WT, 1, nb, W, ws, X, xs, y, ldy, xf, t0);                                          \
     }                                                                                               \
-    static KV_AVX2 void NAME##_1x4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
-                                   size_t xs, float *y, int64_t ldy) {                              \
-        tile32(WT, 1, 4, nb, W, ws, X, xs, y, ldy);                                                 \
+    static KV_AVX2 void NAME##_4x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
+                                   size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
+        tile32(WT, 4, 1, nb, W, ws, X, xs, y, ldy, xf, t0);                                         \
     }                                                                                               \
     static KV_AVX2 void NAME##_1x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
-                                   size_t xs, float *y, int64_t ldy) {                              \
-        tile32(WT, 1, 1, nb, W, ws, X, xs, y, ldy);                                                 \
+                                   size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
+        tile32(WT, 1, 1, nb, W, ws, X, xs, y, ldy, xf, t0);                                         \
     }                                                                                               \
     static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *X,     \
-                             size_t xs, int nt, float *y, int64_t ldy) {                            \
+                             size_t xs, int nt, float *y, int64_t ldy, const float *xf, int64_t t0) { \
         int64_t nb = K / 32;                                                                        \
         int t = 0;                                                                                  \
-        for (; t + 4 <= nt; t += 4) {                                                               \
+        for (; t + 4 <= nt && (t0 + t) % 4 == 0; t += 4) {                                          \
             int r = 0;                                                                              \
-            for (; r + 2 <= nr; r += 2) NAME##_2x4(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy); \
-            for (; r < nr; r++) NAME##_1x4(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy); \
+            for (; r + 4 <= nr; r += 4)                                                             \
+                NAME##_x4_4(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy, xf, t0 + t);  \
+            for (; r < nr; r++)                                                                     \
+                NAME##_x4_1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy, xf, t0 + t);  \
         }                                                                                           \
         for (; t < nt; t++) {                                                                       \
             int r = 0;                                                                              \
-            for (; r + 2 <= nr; r += 2) NAME##_2x1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy); \
-            for (; r < nr; r++) NAME##_1x1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy); \
+            for (; r + 4 <= nr; r += 4)                                                             \
+                NAME##_4x1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy, xf, t0 + t);   \
+            for (; r < nr; r++)                                                                     \
+                NAME##_1x1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy, xf, t0 + t);   \
         }                                                                                           \
-    }                                                                                               \
-    static KV_AVX2 void NAME##_dot(int64_t n, float *s, const void *w, const void *x) {             \
-        NAME##_1x1(n / 32, w, 0, x, 0, s, 0);                                                        \
     }
 
 TILE32_FNS(tile_q4_0, KV_TYPE_Q4_0)
@@ -207,6 +255,45 @@ TILE32_FNS(tile_q4_1, KV_TYPE_Q4_1)
 TILE32_FNS(tile_q5_0, KV_TYPE_Q5_0)
 TILE32_FNS(tile_q5_1, KV_TYPE_Q5_1)
 TILE32_FNS(tile_q8_0, KV_TYPE_Q8_0)
+
+/* ---- single dot products (public kv_vec_dot: plain ggml activation blocks) ---- */
+
+KV_INL float dot32(int WT, int64_t nb, const uint8_t *w, const uint8_t *x) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    float corr = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        float d, c;
+        __m256i wq = w32_load(WT, w, b, &d, &c);
+        __m256i wa = W32_SIGNED(WT) ? _mm256_sign_epi8(wq, wq) : wq;
+        const uint8_t *xb = x + b * X32_BS(WT);
+        uint16_t dh;
+        memcpy(&dh, xb, 2);
+        float dx = h2f(dh);
+        __m256i xq = _mm256_loadu_si256((const __m256i *)(xb + X32_QS(WT)));
+        __m256 p = _mm256_cvtepi32_ps(w32_dot(WT, wq, wa, xq));
+        if (b & 1) acc1 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * dx), acc1);
+        else acc0 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * dx), acc0);
+        if (WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1) { /* Q8_1: s = d * sum(q), f16 */
+            uint16_t sh;
+            memcpy(&sh, xb + 2, 2);
+            corr += c * h2f(sh);
+        } else if (!W32_SIGNED(WT)) { /* Q8_0: sum the quants */
+            __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), xq);
+            corr += c * dx * (float)hsum_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+        }
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) + corr;
+}
+
+#define DOT32_FN(NAME, WT)                                                                  \
+    static KV_AVX2 void NAME(int64_t n, float *s, const void *w, const void *x) {          \
+        *s = dot32(WT, n / 32, w, x);                                                       \
+    }
+DOT32_FN(tile_q4_0_dot, KV_TYPE_Q4_0)
+DOT32_FN(tile_q4_1_dot, KV_TYPE_Q4_1)
+DOT32_FN(tile_q5_0_dot, KV_TYPE_Q5_0)
+DOT32_FN(tile_q5_1_dot, KV_TYPE_Q5_1)
+DOT32_FN(tile_q8_0_dot, KV_TYPE_Q8_0)
 
 /* =========================================================================
  * K-quants x Q8_K
@@ -364,7 +451,8 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
     static KV_AVX2 void NAME##_1(int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs,        \
                                  float *y, int64_t ldy) { CALL1; }                                  \
     static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *X,     \
-                             size_t xs, int nt, float *y, int64_t ldy) {                            \
+                             size_t xs, int nt, float *y, int64_t ldy, const float *xf,             \
+                             int64_t t0) {                                                          \
         int64_t nb = K / 256;                                                                       \
         int t = 0;                                                                                  \
         for (; t + 4 <= nt; t += 4)                                                                 \
@@ -421,7 +509,8 @@ KV_INL float dotf(int WT, int64_t n, const void *w, const float *x) {
         *s = dotf(WT, n, w, x);                                                                     \
     }                                                                                               \
     static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *X,     \
-                             size_t xs, int nt, float *y, int64_t ldy) {                            \
+                             size_t xs, int nt, float *y, int64_t ldy, const float *xf,             \
+                             int64_t t0) {                                                          \
         for (int t = 0; t < nt; t++)                                                                \
             for (int r = 0; r < nr; r++)                                                            \
                 y[t * ldy + r] = dotf(WT, K, W + r * ws, (const float *)(X + t * xs));             \
@@ -572,7 +661,7 @@ int kv_kernels_avx2(kv_kernels *k) {
     k->quant[KV_TYPE_Q8_0] = quant_q8_0;
     k->quant[KV_TYPE_Q8_1] = quant_q8_1;
     k->quant[KV_TYPE_Q8_K] = quant_q8_k;
-    k->tile_rows = 2;
+    k->tile_rows = 4;
     k->tile_toks = 4;
     return 1;
 }

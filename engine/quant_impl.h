@@ -70,9 +70,16 @@ static inline void kv_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t 
  * tile: y[t * ldy + r] = dot(W row r, X row t) for r < nr, t < nt, where
  *   W rows are wstride bytes apart (weight type), X rows xstride bytes apart
  *   (already quantized to the dot type), K elements each. Any nr, nt >= 1.
+ *   X is token t0 of the matmul; xf is the matmul's side table for the
+ *   32-element activation formats (Q8_0 / Q8_1), NULL otherwise:
+ *     xf[KV_XF(t, b, nb)]     = float scale d of block b of token t
+ *     xf[KV_XF(t, b, nb) + 4] = d * sum(qs) of that block
+ *   (tokens in groups of 4, so a 4-token tile loads 4 scales at once).
  * quant: quantizes one activation row of K floats to the dot type. */
+#define KV_XF(t, b, nb) ((((t) / 4) * (nb) + (b)) * 8 + (t) % 4)
 typedef void (*kv_tile_fn)(int64_t K, const uint8_t *W, size_t wstride, int nr,
-                           const uint8_t *X, size_t xstride, int nt, float *y, int64_t ldy);
+                           const uint8_t *X, size_t xstride, int nt, float *y, int64_t ldy,
+                           const float *xf, int64_t t0);
 typedef void (*kv_dot_fn)(int64_t n, float *out, const void *w, const void *x);
 typedef void (*kv_quant_fn)(const float *src, void *dst, int64_t n);
 
