@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Independent float64 numpy forward pass for llama-architecture GGUF models (tie-breaker).
+
+Dequantizes every weight with the gguf package and runs the transformer in
+float64 with no activation quantization, so it gives the "exact" logits of the
+quantized weights. Used to judge which llama.cpp build is closer when the two
+references disagree (scripts/ref/crosscheck.py), not for fixtures.
+
+    python3 scripts/ref/np_llama.py MODEL.gguf "prompt text" [--parse-special] [--top 10]
+
+llama arch only (SmolLM2, the synthetic models): RMSNorm, rotary embedding on
+adjacent pairs (ggml's normal mode; GGUF stores Q/K permuted for it), GQA,
+SwiGLU FFN, tied or separate output matrix.
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import gguf
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+class NpLlama:
+    def __init__(self, path):
+        r = gguf.GGUFReader(path)
+        f = r.fields
+        arch = f["general.architecture"].contents()
+        if arch != "llama":
+            raise SystemExit("np_llama: only the llama architecture is supported, not " + arch)
+        g = lambda k, d=None: f[k].contents() if k in f else d  # noqa: E731
+        self.n_layer = g("llama.block_count")
+        self.n_embd = g("llama.embedding_length")
+        self.n_head = g("llama.attention.head_count")
+        self.n_head_kv = g("llama.attention.head_count_kv")
+        self.eps = g("llama.attention.layer_norm_rms_epsilon")
+        self.theta = g("llama.rope.freq_base", 10000.0)
+        self.head_dim = self.n_embd // self.n_head
+        self.w = {}
+        for t in r.tensors:
+            a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+            self.w[t.name] = a.reshape([int(x) for x in reversed(t.shape)]) if a.ndim > 1 else a.reshape(-1)
+        self.out = self.w.get("output.weight", self.w["token_embd.weight"])
+
+    def rms(self, x, w):
+        return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps) * w
+
+    def rope(self, x, pos):
+        # x: (T, H, D), rotate pairs (2i, 2i+1) by pos * theta^(-2i/D)
+        d = x.shape[-1]
+        inv = self.theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)      # (D/2,)
+        ang = pos[:, None] * inv[None, :]                                      # (T, D/2)
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x0 * c - x1 * s
+        out[..., 1::2] = x0 * s + x1 * c
+        return out
+
+    def forward(self, ids):
+        """Logits (T, n_vocab) for all positions of ids, from position 0."""
+        T, H, KV, D = len(ids), self.n_head, self.n_head_kv, self.head_dim
+        pos = np.arange(T, dtype=np.float64)
+        x = self.w["token_embd.weight"][ids]                                   # (T, E)
+        mask = np.triu(np.full((T, T), -np.inf), 1)
+        for i in range(self.n_layer):
+            p = "blk.%d." % i
+            h = self.rms(x, self.w[p + "attn_norm.weight"])
+            q = (h @ self.w[p + "attn_q.weight"].T).reshape(T, H, D)
+            k = (h @ self.w[p + "attn_k.weight"].T).reshape(T, KV, D)
+            v = (h @ self.w[p + "attn_v.weight"].T).reshape(T, KV, D)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+            rep = H // KV
+            k = np.repeat(k, rep, axis=1)
+            v = np.repeat(v, rep, axis=1)
+            att = np.einsum("thd,shd->hts", q, k) / np.sqrt(D) + mask[None]   # (H, T, T)
+            att = np.exp(att - att.max(axis=-1, keepdims=True))
+            att /= att.sum(axis=-1, keepdims=True)
+            o = np.einsum("hts,shd->thd", att, v).reshape(T, H * D)
+            x = x + o @ self.w[p + "attn_output.weight"].T
+            h = self.rms(x, self.w[p + "ffn_norm.weight"])
+            gate = h @ self.w[p + "ffn_gate.weight"].T
+            up = h @ self.w[p + "ffn_up.weight"].T
+            x = x + ((gate / (1.0 + np.exp(-gate))) * up) @ self.w[p + "ffn_down.weight"].T
+        x = self.rms(x, self.w["output_norm.weight"])
+        return x @ self.out.T
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("text")
+    ap.add_argument("--parse-special", action="store_true")
+    ap.add_argument("--top", type=int, default=10)
+    a = ap.parse_args()
+    import refimpl
+    ref = refimpl.Ref(a.model, n_ctx=2048, n_threads=2)
+    ids = ref.tokenize(a.text, True, a.parse_special)
+    ref.clear()
+    lr = ref.eval(ids).astype(np.float64)
+    ln = NpLlama(a.model).forward(ids)[-1]
+    lsm = lambda v: v - (v.max() + np.log(np.exp(v - v.max()).sum()))  # noqa: E731
+    pr, pn = lsm(lr), lsm(ln)
+    for i in np.argsort(-pn)[:a.top]:
+        print("%6d  numpy %.4f  llama.cpp %.4f" % (i, pn[i], pr[i]))
+    print("max |dlogprob| over the numpy top-%d: %.4f" % (a.top, max(abs(pn[i] - pr[i]) for i in np.argsort(-pn)[:a.top])))
+
+
+if __name__ == "__main__":
+    main()
