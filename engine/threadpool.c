@@ -4,9 +4,14 @@
  * A job is published by bumping a generation counter; workers spin on it
  * for a short while (decode issues a few hundred small jobs per token, so
  * most jobs are picked up without a system call) and then park on a futex
- * (a condition variable where futexes do not exist). The caller runs
- * ith = 0 itself and then waits, again spin-then-park, for the `pending`
- * count of workers to reach zero.
+ * (a condition variable where futexes do not exist).
+ *
+ * The indices ith = 1..n-1 are claimed from a shared counter rather than
+ * bound to threads: the caller runs ith = 0, then claims whatever indices
+ * no worker has picked up yet, and finally waits (spin-then-park) for the
+ * `pending` count of claimed indices to reach zero. On a busy machine a
+ * worker that the scheduler has not run yet therefore never holds up a
+ * job: its share is done by the caller.
  */
 #include "threadpool.h"
 
@@ -51,7 +56,8 @@ struct kv_pool {
     kv_task_fn fn;
     void *arg;
     atomic_int gen;      /* bumped once per job (and at shutdown) */
-    atomic_int pending;  /* workers still running the current job */
+    atomic_int next;     /* next index to claim (>= n: none left) */
+    atomic_int pending;  /* indices 1..n-1 not finished yet */
     atomic_int sleepers; /* workers parked on gen */
     atomic_int waiting;  /* caller parked on pending */
     atomic_int stop;
@@ -116,10 +122,13 @@ static void *worker_main(void *v) {
         }
         seen = g;
         if (atomic_load(&p->stop)) break;
-        p->fn(p->arg, w->ith, p->n);
-        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1 &&
-            atomic_load(&p->waiting))
-            wake(p, &p->pending, 0);
+        for (;;) {
+            int i = atomic_fetch_add(&p->next, 1);
+            if (i >= p->n) break;
+            p->fn(p->arg, i, p->n);
+            if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->waiting))
+                wake(p, &p->pending, 0);
+        }
     }
     return NULL;
 }
@@ -147,6 +156,7 @@ kv_status kv_pool_create(int n_threads, kv_pool **out, kv_error *e) {
     p->oversub = ncpu > 0 && n_threads > ncpu;
     atomic_init(&p->gen, 0);
     atomic_init(&p->pending, 0);
+    atomic_init(&p->next, n_threads);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->waiting, 0);
     atomic_init(&p->stop, 0);
@@ -200,11 +210,18 @@ void kv_pool_run(kv_pool *p, kv_task_fn fn, void *arg) {
     }
     p->fn = fn;
     p->arg = arg;
-    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn/arg/pending */
+    atomic_store(&p->pending, p->n - 1);
+    atomic_store(&p->next, 1);    /* from here on indices can be claimed */
+    atomic_fetch_add(&p->gen, 1); /* wakes the spinners */
     if (atomic_load(&p->sleepers) > 0) wake(p, &p->gen, 1);
 
     fn(arg, 0, p->n);
+    for (;;) { /* indices no worker has claimed yet */
+        int i = atomic_fetch_add(&p->next, 1);
+        if (i >= p->n) break;
+        fn(arg, i, p->n);
+        atomic_fetch_sub(&p->pending, 1);
+    }
 
     int spins = 0, v;
     while ((v = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0) {
