@@ -57,7 +57,7 @@ for _, name in ipairs(FIXTURES) do
           pending("model " .. fx.model .. " or kvlua.load not available")
           return
         end
-        local model = assert(kvlua.load(path))
+        local model = assert(kvlua.load(path, { threads = 1 }))
         for _, case in ipairs(fx.cases) do check_case(model, case) end
         model:close()
       end)
