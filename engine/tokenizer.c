@@ -162,6 +162,7 @@ struct kv_vocab {
     int32_t fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
     bool ignore_merges, clean_spaces, add_sep;
 
+    uint8_t spm_nosplit[256]; /* SPM: 1 when some token holds that byte then "▁" */
     int32_t byte_tok[256];    /* SPM: <0xNN> (or the 1-byte text); BPE: the encoded byte; -1 */
     char benc[256][2];        /* BPE: GPT-2 byte -> codepoint, as UTF-8 */
     uint8_t benc_len[256];
@@ -378,26 +379,101 @@ static bool symvec_reserve(symvec *s, size_t n) {
     return true;
 }
 
+/* Word cache of one kv_tokenize call: word text -> its ids. Tokenizing a
+ * word is a pure function of its bytes, and natural text repeats words. */
+typedef struct {
+    uint64_t h;
+    uint32_t koff, klen; /* key bytes in keys; klen == 0: empty slot */
+    uint32_t ioff, nids; /* ids in ids */
+} centry;
+
+typedef struct {
+    centry *t;
+    uint32_t mask, n;
+    sbuf keys;
+    ivec ids;
+} wcache;
+
+#define WC_MAX_KEY 128         /* longer words are not cached */
+#define WC_MAX_ENTRIES (1u << 16)
+
 /* Scratch shared by the fragments of one kv_tokenize call. */
 typedef struct {
     symvec syms;
     heap hp;
     sbuf text; /* escaped (SPM) or byte-encoded (BPE) text */
+    wcache wc;
 } scratch;
 
 static void scratch_free(scratch *s) {
     free(s->syms.p);
     free(s->hp.p);
     free(s->text.p);
+    free(s->wc.t);
+    free(s->wc.keys.p);
+    free(s->wc.ids.p);
+}
+
+typedef bool (*word_fn)(const kv_vocab *v, scratch *w, const char *s, size_t n, ivec *out);
+
+static bool wc_grow(wcache *c) {
+    uint32_t cap = c->t ? 2 * (c->mask + 1) : 4096;
+    centry *t = calloc(cap, sizeof *t);
+    if (!t) return false;
+    for (uint32_t i = 0; c->t && i <= c->mask; i++) {
+        if (!c->t[i].klen) continue;
+        uint32_t k = (uint32_t)(c->t[i].h >> 32) & (cap - 1);
+        while (t[k].klen) k = (k + 1) & (cap - 1);
+        t[k] = c->t[i];
+    }
+    free(c->t);
+    c->t = t;
+    c->mask = cap - 1;
+    return true;
+}
+
+/* Appends the ids of word s[0..n), from the cache or computed by fn. */
+static bool cached_word(const kv_vocab *v, scratch *w, const char *s, size_t n, ivec *out, word_fn fn) {
+    if (n == 0) return true;
+    wcache *c = &w->wc;
+    if (n > WC_MAX_KEY || (!c->t && !wc_grow(c))) return fn(v, w, s, n, out);
+    uint64_t h = hash_bytes(s, n);
+    uint32_t i = (uint32_t)(h >> 32) & c->mask;
+    for (; c->t[i].klen; i = (i + 1) & c->mask) {
+        const centry *e = &c->t[i];
+        if (e->h == h && e->klen == n && memcmp(c->keys.p + e->koff, s, n) == 0) {
+            if (!ivec_reserve(out, e->nids)) return false;
+            memcpy(out->p + out->n, c->ids.p + e->ioff, e->nids * sizeof *out->p);
+            out->n += e->nids;
+            return true;
+        }
+    }
+    size_t before = out->n;
+    if (!fn(v, w, s, n, out)) return false;
+    size_t nids = out->n - before;
+    if (c->n >= WC_MAX_ENTRIES || c->keys.n > 0x7fffffff || c->ids.n > 0x7fffffff) return true;
+    if (2 * (c->n + 1) > c->mask + 1) {
+        if (!wc_grow(c)) return true; /* no cache, still correct */
+        i = (uint32_t)(h >> 32) & c->mask;
+        while (c->t[i].klen) i = (i + 1) & c->mask;
+    }
+    if (!sbuf_reserve(&c->keys, n) || !ivec_reserve(&c->ids, nids)) return true;
+    c->t[i] = (centry){h, (uint32_t)c->keys.n, (uint32_t)n, (uint32_t)c->ids.n, (uint32_t)nids};
+    memcpy(c->keys.p + c->keys.n, s, n);
+    c->keys.n += n;
+    memcpy(c->ids.p + c->ids.n, out->p + before, nids * sizeof *out->p);
+    c->ids.n += nids;
+    c->n++;
+    return true;
 }
 
 /* ==== SPM ================================================================== */
 
-static bool spm_try_bigram(const kv_vocab *v, scratch *w, int32_t left, int32_t right) {
+static bool spm_try_bigram(const kv_vocab *v, scratch *w, const char *base, int32_t left, int32_t right) {
     if (left < 0 || right < 0) return true;
     const sym *l = &w->syms.p[left], *r = &w->syms.p[right];
     size_t n = (size_t)l->n + r->n;
-    int32_t id = lookup(v, w->text.p + l->off, n);
+    int32_t id = lookup(v, base + l->off, n);
     if (id < 0) return true;
     cand c = {((uint64_t)score_key(v->score[id]) << 32) | (uint32_t)left, right, (uint32_t)n};
     return heap_push(&w->hp, c);
@@ -414,8 +490,58 @@ static bool spm_bytes(const kv_vocab *v, const char *s, size_t n, ivec *out) {
     return true;
 }
 
-/* llm_tokenizer_spm_session::tokenize over one raw fragment, with the
- * optional space prefix and the space escaping of the caller. */
+/* llm_tokenizer_spm_session::tokenize on escaped text t[0..n) that starts
+ * and ends on symbol boundaries: UTF-8 characters (by lead byte, no
+ * validation), merged by the best-scoring bigram first (ties: leftmost). */
+static bool spm_merge(const kv_vocab *v, scratch *w, const char *t, size_t n, ivec *out) {
+    symvec *S = &w->syms;
+    S->n = 0;
+    if (!symvec_reserve(S, n)) return false;
+    for (size_t off = 0; off < n;) {
+        size_t cl = u8len((unsigned char)t[off]);
+        if (cl > n - off) cl = n - off;
+        sym s = {(int32_t)S->n - 1, 0, (uint32_t)off, (uint32_t)cl, -1};
+        off += cl;
+        s.next = off == n ? -1 : (int32_t)S->n + 1;
+        S->p[S->n++] = s;
+    }
+
+    heap *hp = &w->hp;
+    hp->n = 0;
+    for (size_t i = 1; i < S->n; i++)
+        if (!spm_try_bigram(v, w, t, (int32_t)i - 1, (int32_t)i)) return false;
+
+    while (hp->n) {
+        cand c = heap_pop(hp);
+        int32_t li = (int32_t)(uint32_t)c.key;
+        sym *l = &S->p[li], *r = &S->p[c.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != c.size) continue;
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0) S->p[r->next].prev = li;
+        if (!spm_try_bigram(v, w, t, l->prev, li) || !spm_try_bigram(v, w, t, li, l->next)) return false;
+    }
+
+    /* resegment: a merged symbol is always a token; single characters that
+     * are not fall back to bytes */
+    for (int32_t i = 0; i != -1; i = S->p[i].next) {
+        const sym *s = &S->p[i];
+        int32_t id = lookup(v, t + s->off, s->n);
+        if (id >= 0) {
+            if (!ivec_push(out, id)) return false;
+        } else if (!spm_bytes(v, t + s->off, s->n, out)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* One SPM raw fragment: optional space prefix, spaces escaped to "▁", then
+ * merges. The merge runs per piece: the text is cut before a "▁" symbol
+ * whose left neighbour can never be merged with it (no token holds that
+ * byte followed by "▁", see spm_nosplit), so no bigram crosses a cut and
+ * the pieces merge independently, each one cached by its text. */
 static bool spm_fragment(const kv_vocab *v, scratch *w, const char *frag, size_t len, bool prefix,
                          ivec *out) {
     sbuf *t = &w->text;
@@ -429,48 +555,21 @@ static bool spm_fragment(const kv_vocab *v, scratch *w, const char *frag, size_t
     if (t->n == 0) return true;
     if (t->n > 0x7fffffff) return false;
 
-    /* split into UTF-8 characters by lead byte (no validation) */
-    symvec *S = &w->syms;
-    S->n = 0;
-    if (!symvec_reserve(S, t->n)) return false;
+    const unsigned char *u = (const unsigned char *)t->p;
+    size_t start = 0;
+    bool prev_space = false;
     for (size_t off = 0; off < t->n;) {
-        size_t cl = u8len((unsigned char)t->p[off]);
+        size_t cl = u8len(u[off]);
         if (cl > t->n - off) cl = t->n - off;
-        sym s = {(int32_t)S->n - 1, 0, (uint32_t)off, (uint32_t)cl, -1};
-        off += cl;
-        s.next = off == t->n ? -1 : (int32_t)S->n + 1;
-        S->p[S->n++] = s;
-    }
-
-    heap *hp = &w->hp;
-    hp->n = 0;
-    for (size_t i = 1; i < S->n; i++)
-        if (!spm_try_bigram(v, w, (int32_t)i - 1, (int32_t)i)) return false;
-
-    while (hp->n) {
-        cand c = heap_pop(hp);
-        int32_t li = (int32_t)(uint32_t)c.key;
-        sym *l = &S->p[li], *r = &S->p[c.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != c.size) continue;
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0) S->p[r->next].prev = li;
-        if (!spm_try_bigram(v, w, l->prev, li) || !spm_try_bigram(v, w, li, l->next)) return false;
-    }
-
-    /* resegment: a merged symbol is always a token; single characters that
-     * are not fall back to bytes */
-    for (int32_t i = 0; i != -1; i = S->p[i].next) {
-        const sym *s = &S->p[i];
-        int32_t id = lookup(v, t->p + s->off, s->n);
-        if (id >= 0) {
-            if (!ivec_push(out, id)) return false;
-        } else if (!spm_bytes(v, t->p + s->off, s->n, out)) {
-            return false;
+        bool space = cl == 3 && u[off] == 0xe2 && u[off + 1] == 0x96 && u[off + 2] == 0x81;
+        if (space && off > start && !prev_space && !v->spm_nosplit[u[off - 1]]) {
+            if (!cached_word(v, w, t->p + start, off - start, out, spm_merge)) return false;
+            start = off;
         }
+        prev_space = space;
+        off += cl;
     }
-    return true;
+    return cached_word(v, w, t->p + start, t->n - start, out, spm_merge);
 }
 
 /* ==== BPE ================================================================== */
@@ -569,6 +668,11 @@ static bool bpe_encode_word(const kv_vocab *v, scratch *w, const char *s, size_t
     return true;
 }
 
+/* One pre-tokenizer word, raw bytes in: encode, then merge. */
+static bool bpe_span(const kv_vocab *v, scratch *w, const char *s, size_t n, ivec *out) {
+    return bpe_encode_word(v, w, s, n) && bpe_word(v, w, out);
+}
+
 /* A 4-byte sequence that decodes above U+10FFFF: the reference throws on
  * it (and aborts the process); here its lead byte is read as invalid. */
 static bool above_unicode(const unsigned char *u, size_t len, size_t i) {
@@ -602,7 +706,7 @@ static kv_status bpe_fragment(const kv_vocab *v, scratch *w, const char *frag, s
             free(copy);
             return kv_fail(e, KV_ERR_ARG, "tokenize: pre-tokenizer span out of range");
         }
-        if (!bpe_encode_word(v, w, frag + spans[i].off, spans[i].len) || !bpe_word(v, w, out)) {
+        if (!cached_word(v, w, frag + spans[i].off, spans[i].len, out, bpe_span)) {
             free(spans);
             free(copy);
             return kv_fail(e, KV_ERR_NOMEM, "tokenize: out of memory");
@@ -1443,6 +1547,17 @@ kv_status kv_vocab_load(const kv_gguf *g, kv_vocab **out, kv_error *e) {
             v->byte_tok[c] = id;
         } else {
             v->byte_tok[c] = lookup(v, v->benc[c], v->benc_len[c]);
+        }
+    }
+
+    /* SPM pieces: bytes that some token has right before a "▁" */
+    if (v->type == VT_SPM) {
+        for (int32_t i = 0; i < v->n; i++) {
+            const char *t = tok_text(v, i);
+            uint32_t l = v->len[i];
+            for (const char *m = l > 3 ? memmem(t + 1, l - 1, "\xe2\x96\x81", 3) : NULL; m;
+                 m = (size_t)(t + l - m) > 3 ? memmem(m + 1, (size_t)(t + l - m) - 1, "\xe2\x96\x81", 3) : NULL)
+                v->spm_nosplit[(unsigned char)m[-1]] = 1;
         }
     }
 
