@@ -243,6 +243,41 @@ static void l_sorted_prefix(LPair *p, size_t m, size_t have, size_t want)
     qsort(p + have, want - have, sizeof(LPair), l_pair_cmp);
 }
 
+/* The k smallest pairs of a stream, with a max-heap of k entries whose root
+   is the worst kept: one comparison rejects most entries, so selecting a
+   small k from a large vocabulary is one cheap pass with no n-sized
+   scratch. */
+#define L_HEAP_MAX_K 4096
+
+static void l_heap_sift_down(LPair *h, size_t size, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, big = i;
+        if (l < size && l_less(&h[big], &h[l])) big = l;
+        if (r < size && l_less(&h[big], &h[r])) big = r;
+        if (big == i) return;
+        l_swap(&h[i], &h[big]);
+        i = big;
+    }
+}
+
+static void l_heap_offer(LPair *h, size_t *size, size_t k, LPair v)
+{
+    if (*size < k) {
+        size_t i = (*size)++;
+        h[i] = v;
+        while (i > 0) { /* sift up */
+            size_t parent = (i - 1) / 2;
+            if (!l_less(&h[parent], &h[i])) break;
+            l_swap(&h[parent], &h[i]);
+            i = parent;
+        }
+    } else if (l_less(&v, &h[0])) {
+        h[0] = v;
+        l_heap_sift_down(h, *size, 0);
+    }
+}
+
 /* Gathers candidates (x > -inf; NaN is never one) of row x[0..n) as
    (-x, id) pairs. Returns their count. */
 static size_t l_gather_desc(const float *x, int n, LPair *p)
@@ -336,6 +371,32 @@ static int l_topk(lua_State *L)
         luaL_argerror(L, 2, "k must be >= 0");
     if (k > lg->n) k = lg->n;
     int n = lg->n;
+    size_t kk = (size_t)k;
+    if (kk <= L_HEAP_MAX_K) {
+        LPair *h = (LPair *)l_scratch(L, kk, sizeof(LPair));
+        size_t size = 0;
+        for (int i = 0; i < n; i++)
+            if (!isnan(x[i])) {
+                LPair v = {-x[i], i};
+                l_heap_offer(h, &size, kk, v);
+            }
+        qsort(h, size, sizeof(LPair), l_pair_cmp);
+        for (int i = 0; i < n && size < kk; i++) /* NaNs rank last */
+            if (isnan(x[i])) {
+                h[size].key = INFINITY;
+                h[size].id = i;
+                size++;
+            }
+        lua_createtable(L, (int)kk, 0);
+        lua_createtable(L, (int)kk, 0);
+        for (size_t i = 0; i < kk; i++) {
+            lua_pushinteger(L, h[i].id);
+            lua_rawseti(L, -3, (lua_Integer)i + 1);
+            lua_pushnumber(L, x[h[i].id]);
+            lua_rawseti(L, -2, (lua_Integer)i + 1);
+        }
+        return 2;
+    }
     LPair *p = (LPair *)l_scratch(L, (size_t)n, sizeof(LPair));
     size_t m = 0; /* non-NaN entries first, keyed -x ... */
     for (int i = 0; i < n; i++)
@@ -351,7 +412,6 @@ static int l_topk(lua_State *L)
             p[w].id = i;
             w++;
         }
-    size_t kk = (size_t)k;
     l_sorted_prefix(p, m, 0, kk < m ? kk : m);
     lua_createtable(L, (int)kk, 0);
     lua_createtable(L, (int)kk, 0);
@@ -554,32 +614,90 @@ static int l_keep_top_k(lua_State *L)
         return 1;
     }
     int n = lg->n;
+    float *x = lg->data;
+    if (k <= L_HEAP_MAX_K) {
+        /* the k-th best candidate bounds what is kept */
+        LPair *h = (LPair *)l_scratch(L, (size_t)k, sizeof(LPair));
+        size_t size = 0;
+        for (int i = 0; i < n; i++)
+            if (x[i] > -INFINITY) {
+                LPair v = {-x[i], i};
+                l_heap_offer(h, &size, (size_t)k, v);
+            }
+        if (size == (size_t)k) {
+            LPair worst = h[0];
+            for (int i = 0; i < n; i++) {
+                LPair v = {-x[i], i};
+                if (!(x[i] > -INFINITY) || l_less(&worst, &v))
+                    x[i] = -INFINITY;
+            }
+            l_invalidate(lg);
+        }
+        lua_settop(L, 1);
+        return 1;
+    }
     LPair *p = (LPair *)l_scratch(L, (size_t)n, sizeof(LPair));
-    size_t m = l_gather_desc(lg->data, n, p);
+    size_t m = l_gather_desc(x, n, p);
     if ((size_t)k < m) {
         l_select(p, m, (size_t)k - 1);
-        l_mask_except(lg->data, n, p, (size_t)k, L);
+        l_mask_except(x, n, p, (size_t)k, L);
         l_invalidate(lg);
     }
     lua_settop(L, 1);
     return 1;
 }
 
-/* Softmax probabilities of the gathered candidates p[0..m) (keys = -x),
-   written to prob[id]-ordered array q[i] for pair i. Returns 0 when the
-   logits are non-finite. */
-static void l_softmax_pairs(const LPair *p, size_t m, double *q)
+/* Softmax over the candidates of x: max (returned) and *sum of exp(x - max),
+   both double, summed in id order. */
+static double l_softmax_stats(const float *x, int n, double *sum)
 {
-    double mx = -INFINITY;
-    for (size_t i = 0; i < m; i++)
-        if (-(double)p[i].key > mx) mx = -(double)p[i].key;
-    double s = 0.0;
+    double mx = l_row_max(x, n), s = 0.0;
+    if (mx > -INFINITY)
+        for (int i = 0; i < n; i++)
+            if (x[i] > -INFINITY) s += exp((double)x[i] - mx);
+    *sum = s;
+    return mx;
+}
+
+static size_t l_count_candidates(const float *x, int n)
+{
+    size_t m = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i] > -INFINITY) m++;
+    return m;
+}
+
+/* Grows the sorted prefix of p[0..m) in steps (256, then x4) while walking
+   it; calls back per pair with its rank i. Returns the kept count: the
+   first rank where `done` holds, plus one; m if it never does. */
+typedef int (*l_walk_fn)(const LPair *e, size_t i, void *ud);
+static size_t l_walk_sorted(LPair *p, size_t m, l_walk_fn step, void *ud)
+{
+    size_t have = 0, want = m < 256 ? m : 256;
+    l_sorted_prefix(p, m, have, want);
+    have = want;
     for (size_t i = 0; i < m; i++) {
-        q[i] = exp(-(double)p[i].key - mx);
-        s += q[i];
+        if (i == have) {
+            want = have * 4 < m ? have * 4 : m;
+            l_sorted_prefix(p, m, have, want);
+            have = want;
+        }
+        if (step(&p[i], i, ud)) return i + 1;
     }
-    for (size_t i = 0; i < m; i++)
-        q[i] /= s;
+    return m;
+}
+
+typedef struct {
+    const float *x;
+    double mx, sum, p, cum, H;
+    size_t min_keep;
+} LWalk;
+
+static int l_top_p_step(const LPair *e, size_t i, void *ud)
+{
+    LWalk *w = (LWalk *)ud;
+    w->cum += exp((double)w->x[e->id] - w->mx) / w->sum;
+    return w->cum >= w->p && i + 1 >= w->min_keep;
 }
 
 /* l:keep_top_p(p [, min_keep=1]) -> l | nil, "non-finite logits"
@@ -592,50 +710,34 @@ static int l_keep_top_p(lua_State *L)
     if (isnan(pp))
         luaL_argerror(L, 2, "p must be a number");
     int min_keep = l_optminkeep(L, 3);
+    float *x = lg->data;
+    int n = lg->n;
     if (pp >= 1.0) {
         lua_settop(L, 1);
         return 1;
     }
-    int n = lg->n;
-    if (l_has_nonfinite(lg->data, n)) {
+    if (l_has_nonfinite(x, n)) {
         lua_pushnil(L);
         lua_pushliteral(L, "non-finite logits");
         return 2;
     }
-    LPair *p = (LPair *)l_scratch(L, (size_t)n, sizeof(LPair));
-    size_t m = l_gather_desc(lg->data, n, p);
+    size_t m = l_count_candidates(x, n);
     if (m == 0) {
         lua_settop(L, 1);
         return 1;
     }
-    /* probabilities by id, computed before reordering */
-    double *prob = (double *)l_scratch(L, (size_t)n, sizeof(double));
-    {
-        double *q = (double *)l_scratch(L, m, sizeof(double));
-        l_softmax_pairs(p, m, q);
-        for (size_t i = 0; i < m; i++)
-            prob[p[i].id] = q[i];
-        lua_pop(L, 1);
-    }
-    size_t have = 0, want = m < 256 ? m : 256;
-    l_sorted_prefix(p, m, have, want);
-    have = want;
-    double cum = 0.0;
-    size_t last = m;
-    for (size_t i = 0; i < m; i++) {
-        if (i == have) {
-            want = have * 4 < m ? have * 4 : m;
-            l_sorted_prefix(p, m, have, want);
-            have = want;
-        }
-        cum += prob[p[i].id];
-        if (cum >= pp && i + 1 >= (size_t)min_keep) {
-            last = i + 1;
-            break;
-        }
-    }
+    LPair *p = (LPair *)l_scratch(L, m, sizeof(LPair));
+    l_gather_desc(x, n, p);
+    LWalk w = {x, 0, 0, pp, 0, 0, (size_t)min_keep};
+    w.mx = l_softmax_stats(x, n, &w.sum);
+    size_t last = l_walk_sorted(p, m, l_top_p_step, &w);
     if (last < m) {
-        l_mask_except(lg->data, n, p, last, L);
+        LPair bound = p[last - 1]; /* the worst kept, in (-x, id) order */
+        for (int i = 0; i < n; i++) {
+            LPair v = {-x[i], i};
+            if (!(x[i] > -INFINITY) || l_less(&bound, &v))
+                x[i] = -INFINITY;
+        }
         l_invalidate(lg);
     }
     lua_settop(L, 1);
@@ -691,6 +793,20 @@ static int l_keep_min_p(lua_State *L)
     return 1;
 }
 
+/* Typical-sampling key of a candidate: |-log p - H|, as a float. */
+static float l_typical_key(const LWalk *w, float xv)
+{
+    double q = exp((double)xv - w->mx) / w->sum;
+    return q > 0 ? (float)fabs(-log(q) - w->H) : INFINITY;
+}
+
+static int l_typical_step(const LPair *e, size_t i, void *ud)
+{
+    LWalk *w = (LWalk *)ud;
+    w->cum += exp((double)w->x[e->id] - w->mx) / w->sum;
+    return w->cum > w->p && (w->min_keep == 0 || i + 1 >= w->min_keep);
+}
+
 /* l:keep_typical(p [, min_keep=1]) -> l | nil, "non-finite logits"
    Locally typical sampling: order candidates by |-log p_i - H| ascending,
    keep the prefix whose cumulative probability first exceeds p (at least
@@ -702,51 +818,45 @@ static int l_keep_typical(lua_State *L)
     if (isnan(pp))
         luaL_argerror(L, 2, "p must be a number");
     int min_keep = l_optminkeep(L, 3);
+    float *x = lg->data;
+    int n = lg->n;
     if (pp >= 1.0) {
         lua_settop(L, 1);
         return 1;
     }
-    int n = lg->n;
-    if (l_has_nonfinite(lg->data, n)) {
+    if (l_has_nonfinite(x, n)) {
         lua_pushnil(L);
         lua_pushliteral(L, "non-finite logits");
         return 2;
     }
-    LPair *p = (LPair *)l_scratch(L, (size_t)n, sizeof(LPair));
-    size_t m = l_gather_desc(lg->data, n, p);
+    size_t m = l_count_candidates(x, n);
     if (m == 0) {
         lua_settop(L, 1);
         return 1;
     }
-    double *prob = (double *)l_scratch(L, (size_t)n, sizeof(double));
-    double *q = (double *)l_scratch(L, m, sizeof(double));
-    l_softmax_pairs(p, m, q);
-    double H = 0.0;
-    for (size_t i = 0; i < m; i++)
-        if (q[i] > 0) H -= q[i] * log(q[i]);
-    for (size_t i = 0; i < m; i++) {
-        prob[p[i].id] = q[i];
-        p[i].key = q[i] > 0 ? (float)fabs(-log(q[i]) - H) : INFINITY;
-    }
-    size_t have = 0, want = m < 256 ? m : 256;
-    l_sorted_prefix(p, m, have, want);
-    have = want;
-    double cum = 0.0;
-    size_t last = m;
-    for (size_t i = 0; i < m; i++) {
-        if (i == have) {
-            want = have * 4 < m ? have * 4 : m;
-            l_sorted_prefix(p, m, have, want);
-            have = want;
+    LWalk w = {x, 0, 0, pp, 0, 0, (size_t)min_keep};
+    w.mx = l_softmax_stats(x, n, &w.sum);
+    for (int i = 0; i < n; i++) /* entropy */
+        if (x[i] > -INFINITY) {
+            double q = exp((double)x[i] - w.mx) / w.sum;
+            if (q > 0) w.H -= q * log(q);
         }
-        cum += prob[p[i].id];
-        if (cum > pp && (min_keep == 0 || i + 1 >= (size_t)min_keep)) {
-            last = i + 1;
-            break;
+    LPair *p = (LPair *)l_scratch(L, m, sizeof(LPair));
+    size_t j = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i] > -INFINITY) {
+            p[j].key = l_typical_key(&w, x[i]);
+            p[j].id = i;
+            j++;
         }
-    }
+    size_t last = l_walk_sorted(p, m, l_typical_step, &w);
     if (last < m) {
-        l_mask_except(lg->data, n, p, last, L);
+        LPair bound = p[last - 1]; /* the last kept, in (key, id) order */
+        for (int i = 0; i < n; i++) {
+            if (!(x[i] > -INFINITY)) continue;
+            LPair v = {l_typical_key(&w, x[i]), i};
+            if (l_less(&bound, &v)) x[i] = -INFINITY;
+        }
         l_invalidate(lg);
     }
     lua_settop(L, 1);
