@@ -442,6 +442,7 @@ static bool cached_word(const kv_vocab *v, scratch *w, const char *s, size_t n, 
     for (; c->t[i].klen; i = (i + 1) & c->mask) {
         const centry *e = &c->t[i];
         if (e->h == h && e->klen == n && memcmp(c->keys.p + e->koff, s, n) == 0) {
+            if (!e->nids) return true;
             if (!ivec_reserve(out, e->nids)) return false;
             memcpy(out->p + out->n, c->ids.p + e->ioff, e->nids * sizeof *out->p);
             out->n += e->nids;
@@ -461,7 +462,7 @@ static bool cached_word(const kv_vocab *v, scratch *w, const char *s, size_t n, 
     c->t[i] = (centry){h, (uint32_t)c->keys.n, (uint32_t)n, (uint32_t)c->ids.n, (uint32_t)nids};
     memcpy(c->keys.p + c->keys.n, s, n);
     c->keys.n += n;
-    memcpy(c->ids.p + c->ids.n, out->p + before, nids * sizeof *out->p);
+    if (nids) memcpy(c->ids.p + c->ids.n, out->p + before, nids * sizeof *out->p);
     c->ids.n += nids;
     c->n++;
     return true;
