@@ -420,9 +420,7 @@ static kv_status rd_tensor(reader *r, kv_gguf_tensor *t, uint64_t index) {
     }
     t->nbytes = nb;
 
-    size_t at_off = r->pos;
     if ((s = rd_u64(r, &t->offset, "offset"))) return s;
-    (void)at_off;
     return KV_OK;
 too_big:
     return fail_at(r, at_dims, "byte size overflows (%lld x %lld x %lld x %lld of %s)", (long long)t->ne[0],
