@@ -1542,7 +1542,12 @@ kv_status kv_vocab_load(const kv_gguf *g, kv_vocab **out, kv_error *e) {
     for (int c = 0; c < 256; c++) {
         char buf[8];
         if (v->type == VT_SPM) {
-            snprintf(buf, sizeof buf, "<0x%02X>", c);
+            static const char hex[] = "0123456789ABCDEF";
+            memcpy(buf, "<0x", 3);
+            buf[3] = hex[c >> 4];
+            buf[4] = hex[c & 15];
+            buf[5] = '>';
+            buf[6] = '\0';
             int32_t id = lookup_cstr(v, buf);
             if (id < 0) { buf[0] = (char)c; id = lookup(v, buf, 1); }
             v->byte_tok[c] = id;
@@ -1554,11 +1559,9 @@ kv_status kv_vocab_load(const kv_gguf *g, kv_vocab **out, kv_error *e) {
     /* SPM pieces: bytes that some token has right before a "▁" */
     if (v->type == VT_SPM) {
         for (int32_t i = 0; i < v->n; i++) {
-            const char *t = tok_text(v, i);
-            uint32_t l = v->len[i];
-            for (const char *m = l > 3 ? memmem(t + 1, l - 1, "\xe2\x96\x81", 3) : NULL; m;
-                 m = (size_t)(t + l - m) > 3 ? memmem(m + 1, (size_t)(t + l - m) - 1, "\xe2\x96\x81", 3) : NULL)
-                v->spm_nosplit[(unsigned char)m[-1]] = 1;
+            const unsigned char *t = (const unsigned char *)tok_text(v, i);
+            for (uint32_t k = 1; k + 3 <= v->len[i]; k++)
+                if (t[k] == 0xe2 && t[k + 1] == 0x96 && t[k + 2] == 0x81) v->spm_nosplit[t[k - 1]] = 1;
         }
     }
 
