@@ -440,7 +440,23 @@ static void spm_pieces(void) {
     kv_gguf_close(g);
 }
 
+/* The data lies beside the repository: ../shared from the repo root. When
+ * run from elsewhere, look next to this source file (tests/../../shared). */
+static void find_conf_dir(void) {
+    static char buf[1024];
+    FILE *f = fopen("../shared/conformance/tokenizer/ggml-vocab-gpt-2.gguf", "rb");
+    if (f) {
+        fclose(f);
+        return;
+    }
+    const char *slash = strrchr(__FILE__, '/');
+    if (!slash) return;
+    snprintf(buf, sizeof buf, "%.*s/../../shared/conformance/tokenizer", (int)(slash - __FILE__), __FILE__);
+    CONF_DIR = buf;
+}
+
 int main(int argc, char **argv) {
+    find_conf_dir();
     if (argc > 1) CONF_DIR = argv[1];
     static const char *const files[] = {"llama-spm", "phi-3", "gpt-2", "starcoder", "deepseek-coder"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) conformance_file(files[i]);
