@@ -114,6 +114,8 @@ KV_INL __m256i w32_load(int WT, const uint8_t *row, int64_t b, float *d, float *
 }
 
 #define W32_SIGNED(WT) ((WT) == KV_TYPE_Q8_0)
+#define W32_BS(WT) ((WT) == KV_TYPE_Q4_0 ? 18 : (WT) == KV_TYPE_Q4_1 ? 20 : (WT) == KV_TYPE_Q5_0 ? 22 \
+                    : (WT) == KV_TYPE_Q5_1 ? 24 : 34)
 /* activation blocks: Q8_1 (36 bytes, qs at 4) for Q4_1 / Q5_1, else Q8_0 (34, qs at 2) */
 #define X32_BS(WT) (((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1) ? 36 : 34)
 #define X32_QS(WT) (((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1) ? 4 : 2)
@@ -144,6 +146,7 @@ KV_INL void tile32(int WT, int NR, int NT, int64_t nb, const uint8_t *W, size_t 
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             float d, c;
+            if (NT == 1) _mm_prefetch((const char *)(W + (r + NR) * ws) + b * W32_BS(WT), _MM_HINT_T0);
             wq[r] = w32_load(WT, W + r * ws, b, &d, &c);
             wd[r] = _mm256_set1_ps(d);
             wc[r] = _mm256_set1_ps(c);
