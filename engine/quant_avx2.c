@@ -178,6 +178,59 @@ KV_INL void tile32(int WT, int NR, int NT, int64_t nb, const uint8_t *W, size_t 
         for (int r = 0; r < NR; r++) y[t * ldy + r] = hsum_ps(acc[r][t]);
 }
 
+/* Scales of block b of 4 rows (rows ws bytes apart): d as [d0 d1 d2 d3 d0 d1 d2 d3];
+ * for Q4_1 / Q5_1 also the mins as [m0 m1 m2 m3 . . . .]. */
+KV_INL __m256 w32_scales4(int WT, const uint8_t *W, size_t ws, int64_t b, __m256 *m) {
+    const uint8_t *p = W + b * W32_BS(WT);
+    if (WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1) { /* d, m adjacent halves */
+        int32_t v0, v1, v2, v3;
+        memcpy(&v0, p, 4), memcpy(&v1, p + ws, 4), memcpy(&v2, p + 2 * ws, 4), memcpy(&v3, p + 3 * ws, 4);
+        __m256 f = _mm256_cvtph_ps(_mm_setr_epi32(v0, v1, v2, v3)); /* d0 m0 d1 m1 d2 m2 d3 m3 */
+        *m = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7));
+        return _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+    }
+    uint16_t h0, h1, h2, h3;
+    memcpy(&h0, p, 2), memcpy(&h1, p + ws, 2), memcpy(&h2, p + 2 * ws, 2), memcpy(&h3, p + 3 * ws, 2);
+    __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, (short)h2, (short)h3, 0, 0, 0, 0));
+    *m = _mm256_setzero_ps();
+    return _mm256_set_m128(d, d);
+}
+
+/* 4 rows x 1 token (decode): the 4 rows' integer sums are folded into one
+ * vector (hadd): lane r holds row r's low half, lane r + 4 its high half. */
+KV_INL void tile32r4(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X, float *y,
+                     const float *xf, int64_t t0) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 zero_hi = _mm256_castsi256_ps(_mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0));
+    for (int64_t b = 0; b < nb; b++) {
+        const float *f = xf + KV_XF(t0, b, nb);
+        __m256i xq = _mm256_loadu_si256((const __m256i *)(X + b * X32_BS(WT) + X32_QS(WT)));
+        __m256i i4[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            float d, c;
+            _mm_prefetch((const char *)(W + (r + 4) * ws) + b * W32_BS(WT), _MM_HINT_T0);
+            __m256i wq = w32_load(WT, W + r * ws, b, &d, &c);
+            __m256i wa = W32_SIGNED(WT) ? _mm256_sign_epi8(wq, wq) : wq;
+            i4[r] = w32_dot(WT, wq, wa, xq);
+        }
+        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(i4[0], i4[1]), _mm256_hadd_epi32(i4[2], i4[3]));
+        if (W32_OFF(WT)) {
+            __m256i off = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(W32_OFF(WT)), xq),
+                                            _mm256_set1_epi16(1));
+            off = _mm256_hadd_epi32(off, off);
+            h = _mm256_sub_epi32(h, _mm256_hadd_epi32(off, off));
+        }
+        __m256 m;
+        __m256 d = w32_scales4(WT, W, ws, b, &m);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(d, _mm256_set1_ps(f[0])), acc);
+        if (WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1)
+            acc = _mm256_fmadd_ps(m, _mm256_and_ps(_mm256_set1_ps(f[4]), zero_hi), acc);
+    }
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    _mm_storeu_ps(y, v);
+}
+
 /* NR rows x 4 tokens t0..t0+3, t0 % 4 == 0: the 4 tokens' integer sums are
  * folded into one vector (hadd), so one convert and one FMA serve 4 tokens. */
 KV_INL void tile32x4(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,
@@ -227,7 +280,7 @@ KV_INL void tile32x4(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, co
     }                                                                                               \
     static KV_AVX2 void NAME##_4x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
                                    size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
-        tile32(WT, 4, 1, nb, W, ws, X, xs, y, ldy, xf, t0);                                         \
+        tile32r4(WT, nb, W, ws, X, y, xf, t0); /* one token: y[0..4) contiguous */                 \
     }                                                                                               \
     static KV_AVX2 void NAME##_1x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
                                    size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
