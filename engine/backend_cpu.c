@@ -29,6 +29,14 @@ typedef struct {
     kv_pool *pool;
     int nth;
     bool avx2; /* AVX2 + FMA + F16C usable */
+    uint16_t *gelu_f16; /* (65536) gelu of every f16 value, as f16 (what llama.cpp's CPU path uses) */
+    /* rope cache: cos/sin of the last (params, positions) seen, reused for
+     * q and k and across layers sharing the same params */
+    float *rope_cs;     /* (rope_cap, n_rot/2, 2) */
+    int rope_cap;       /* tokens the cache holds */
+    kv_rope_params rope_rp;
+    int rope_T;
+    int32_t *rope_pos;  /* (rope_cap) */
 } cpu_ctx;
 
 /* ==== buffers and simple ops =============================================== */
@@ -63,8 +71,9 @@ static void cpu_rmsnorm(kv_backend *b, float *y, const float *x, const float *w,
         const float *xr = x + t * n; /* (n) */
         float *yr = y + t * n;       /* (n) */
         double ss = 0.0;
-        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
-        float sc = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+        for (int64_t i = 0; i < n; i++) ss += (double)(xr[i] * xr[i]);
+        const float mean = (float)(ss / (double)n);
+        const float sc = 1.0f / sqrtf(mean + eps);
         if (w)
             for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * sc * w[i];
         else
@@ -72,32 +81,74 @@ static void cpu_rmsnorm(kv_backend *b, float *y, const float *x, const float *w,
     }
 }
 
+/* cos/sin for T positions: angles theta_i = p * base^(-2i/n_rot), computed
+ * like ggml (float, by repeated multiplication), then / factor_i and
+ * * freq_scale. Table (T, half, 2). */
+static void rope_table(float *cs, const kv_rope_params *rp, const int32_t *pos, int64_t T) {
+    const int half = rp->n_rot / 2;
+    const float theta_scale = powf(rp->freq_base, -2.0f / (float)rp->n_rot);
+    for (int64_t t = 0; t < T; t++) {
+        float theta = (float)pos[t];
+        float *c = cs + t * half * 2;
+        for (int i = 0; i < half; i++) {
+            const float ff = rp->freq_factors ? rp->freq_factors[i] : 1.0f;
+            const float th = rp->freq_scale * (theta / ff);
+            c[2 * i] = cosf(th);
+            c[2 * i + 1] = sinf(th);
+            theta *= theta_scale;
+        }
+    }
+}
+
 static void cpu_rope(kv_backend *b, float *x, int64_t T, int n_head, int head_dim,
                      const int32_t *pos, const kv_rope_params *rp) {
+    cpu_ctx *c = b->ctx;
     const int half = rp->n_rot / 2;
-    float cs[512], sn[512]; /* (half) cos / sin of this token's angles; n_rot <= 1024 */
-    if (half > 512) return;
+    float local[2 * 512]; /* fallback table for one token when the cache cannot grow */
+    const float *cs = NULL;
+    bool cached = c->rope_cs && T <= c->rope_cap && c->rope_T == T &&
+                  memcmp(&c->rope_rp, rp, sizeof *rp) == 0 &&
+                  memcmp(c->rope_pos, pos, sizeof(int32_t) * T) == 0;
+    if (!cached) {
+        if (T > c->rope_cap || half * 2 > 1024) {
+            free(c->rope_cs);
+            free(c->rope_pos);
+            int cap = T < 256 ? 256 : (int)T;
+            c->rope_cs = malloc(sizeof(float) * (size_t)cap * 512 * 2);
+            c->rope_pos = malloc(sizeof(int32_t) * cap);
+            c->rope_cap = c->rope_cs && c->rope_pos ? cap : 0;
+        }
+        if (c->rope_cap >= T && half <= 512) {
+            rope_table(c->rope_cs, rp, pos, T);
+            c->rope_rp = *rp;
+            c->rope_T = (int)T;
+            memcpy(c->rope_pos, pos, sizeof(int32_t) * T);
+            cached = true;
+        } else {
+            c->rope_T = -1;
+        }
+    }
     for (int64_t t = 0; t < T; t++) {
-        const double p = pos[t];
-        for (int i = 0; i < half; i++) {
-            double theta = p * pow((double)rp->freq_base, -2.0 * i / rp->n_rot) * rp->freq_scale;
-            if (rp->freq_factors) theta /= rp->freq_factors[i];
-            cs[i] = (float)cos(theta);
-            sn[i] = (float)sin(theta);
+        if (cached) {
+            cs = c->rope_cs + t * half * 2;
+        } else {
+            if (half > 512) return;
+            rope_table(local, rp, pos + t, 1);
+            cs = local;
         }
         for (int h = 0; h < n_head; h++) {
             float *v = x + (t * n_head + h) * (int64_t)head_dim; /* (head_dim) */
             if (rp->mode == KV_ROPE_NEOX) {
                 for (int i = 0; i < half; i++) {
-                    float a = v[i], c = v[i + half];
-                    v[i] = a * cs[i] - c * sn[i];
-                    v[i + half] = a * sn[i] + c * cs[i];
+                    float a = v[i], d = v[i + half];
+                    v[i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                    v[i + half] = a * cs[2 * i + 1] + d * cs[2 * i];
                 }
             } else {
                 for (int i = 0; i < half; i++) {
-                    float a = v[2 * i], c = v[2 * i + 1];
-                    v[2 * i] = a * cs[i] - c * sn[i];
-                    v[2 * i + 1] = a * sn[i] + c * cs[i];
+                    float a = v[2 * i], d = v[2 * i + 1];
+                    v[2 * i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                    v[2 * i + 1] = a * cs[2 * i + 1] + d * cs[2 * i];
                 }
             }
         }
@@ -112,18 +163,43 @@ static void cpu_scale(kv_backend *b, float *x, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
+static float gelu_tanh(float x) {
+    const float k0 = 0.79788456080286535587989211986876f, k1 = 0.044715f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k0 * x * (1.0f + k1 * x * x)));
+}
+
+#ifdef KV_X86
+static void silu_mul_avx2(float *gate, const float *up, int64_t n);
+#endif
+
+/* gate = act(gate) * up. GELU goes through a table of f16 inputs, as
+ * llama.cpp's CPU GELU does (input rounded to f16, result stored as f16). */
 static void cpu_ffn_act(kv_backend *b, float *gate, const float *up, int64_t n, int act) {
+    const cpu_ctx *c = b->ctx;
     if (act == KV_ACT_GELU_TANH) {
-        const float k0 = 0.7978845608028654f, k1 = 0.044715f; /* sqrt(2/pi) */
         for (int64_t i = 0; i < n; i++) {
-            float g = gate[i];
-            gate[i] = 0.5f * g * (1.0f + tanhf(k0 * g * (1.0f + k1 * g * g))) * up[i];
+            float g = gate[i], y;
+            if (g <= -10.0f)
+                y = 0.0f;
+            else if (g >= 10.0f)
+                y = g;
+            else if (c->gelu_f16)
+                y = kv_f16_to_f32(c->gelu_f16[kv_f32_to_f16(g)]);
+            else
+                y = gelu_tanh(g);
+            gate[i] = y * up[i];
         }
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            float g = gate[i];
-            gate[i] = g / (1.0f + expf(-g)) * up[i];
-        }
+        return;
+    }
+#ifdef KV_X86
+    if (c->avx2) {
+        silu_mul_avx2(gate, up, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
     }
 }
 
@@ -274,6 +350,20 @@ KV_AVX2 static float exp_sub_sum_avx2(float *x, int n, float mx) {
     }
     return t;
 }
+
+/* gate = silu(gate) * up */
+KV_AVX2 static void silu_mul_avx2(float *gate, const float *up, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(87.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 ng = _mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), lo), hi);
+        __m256 e = exp256(ng);
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
 #endif
 
 static float exp_sub_sum_scalar(float *x, int n, float mx) {
@@ -310,10 +400,13 @@ static size_t att_thread_floats(const kv_attn_params *ap) {
     return (n + 15) & ~(size_t)15;
 }
 
+/* Key slices per (token, KV head): few query rows (decode) split the keys
+ * so every thread has work. Independent of the thread count, so results do
+ * not change with it. */
+#define ATT_SPLIT 4
 static int att_split(const cpu_ctx *c, const kv_attn_params *ap, int64_t T) {
-    if (c->nth <= 1) return 1;
-    if (T * ap->n_head_kv >= 2 * c->nth) return 1;
-    return c->nth;
+    (void)c;
+    return T * ap->n_head_kv >= 8 ? 1 : ATT_SPLIT;
 }
 
 static size_t cpu_attn_scratch(kv_backend *b, const kv_attn_params *ap, int64_t T) {
@@ -480,6 +573,9 @@ kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
     c->avx2 = !(env && strcmp(env, "scalar") == 0) && __builtin_cpu_supports("avx2") &&
               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
+    c->gelu_f16 = malloc(sizeof(uint16_t) * 65536);
+    if (c->gelu_f16)
+        for (int i = 0; i < 65536; i++) c->gelu_f16[i] = kv_f32_to_f16(gelu_tanh(kv_f16_to_f32((uint16_t)i)));
     *b = (kv_backend){
         .name = "cpu",
         .ctx = c,
@@ -503,7 +599,11 @@ kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
 }
 
 void kv_backend_cpu_free(kv_backend *b) {
-    if (!b) return;
+    if (!b || !b->ctx) return;
+    cpu_ctx *c = b->ctx;
+    free(c->gelu_f16);
+    free(c->rope_cs);
+    free(c->rope_pos);
     free(b->ctx);
     b->ctx = NULL;
 }
