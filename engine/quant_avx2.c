@@ -127,6 +127,26 @@ KV_INL __m256i w32_dot(int WT, __m256i wq, __m256i wa, __m256i xq) {
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
+/* The 16-bit pair sums of one weight block times one activation block. */
+KV_INL __m256i w32_pairs(int WT, __m256i wq, __m256i wa, __m256i xq) {
+    return W32_SIGNED(WT) ? _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq))
+                          : _mm256_maddubs_epi16(wq, xq);
+}
+
+/* Folds 4 pair-sum vectors (a, b, c, d) into [a b c d | a b c d] int32, each
+ * lane holding half of one block's sum (low / high 16 elements). The 4- and
+ * 5-bit formats add in 16 bits (at most 8 * 31 * 127 < 32768); Q8_0 cannot. */
+KV_INL __m256i fold4(int WT, __m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (W32_SIGNED(WT)) {
+        __m256i ab = _mm256_hadd_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
+        __m256i cd = _mm256_hadd_epi32(_mm256_madd_epi16(c, ones), _mm256_madd_epi16(d, ones));
+        return _mm256_hadd_epi32(ab, cd);
+    }
+    __m256i s = _mm256_hadd_epi16(_mm256_hadd_epi16(a, b), _mm256_hadd_epi16(c, d));
+    return _mm256_madd_epi16(s, ones);
+}
+
 /* The symmetric 4/5-bit formats are stored as unsigned u = q + off; the
  * offset is taken off in integers: sum (u - off) x = sum u x - off sum x. */
 #define W32_OFF(WT) ((WT) == KV_TYPE_Q4_0 ? 8 : (WT) == KV_TYPE_Q5_0 ? 16 : 0)
@@ -212,9 +232,9 @@ KV_INL void tile32r4(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint
             _mm_prefetch((const char *)(W + (r + 4) * ws) + b * W32_BS(WT), _MM_HINT_T0);
             __m256i wq = w32_load(WT, W + r * ws, b, &d, &c);
             __m256i wa = W32_SIGNED(WT) ? _mm256_sign_epi8(wq, wq) : wq;
-            i4[r] = w32_dot(WT, wq, wa, xq);
+            i4[r] = w32_pairs(WT, wq, wa, xq);
         }
-        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(i4[0], i4[1]), _mm256_hadd_epi32(i4[2], i4[3]));
+        __m256i h = fold4(WT, i4[0], i4[1], i4[2], i4[3]);
         if (W32_OFF(WT)) {
             __m256i off = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(W32_OFF(WT)), xq),
                                             _mm256_set1_epi16(1));
@@ -247,16 +267,26 @@ KV_INL void tile32x4(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, co
         __m256 d4 = _mm256_broadcast_ps((const __m128 *)(g + b * 8));           /* d0..d3 d0..d3 */
         __m256 s4 = _mm256_castps128_ps256(_mm_loadu_ps(g + b * 8 + 4));
         s4 = _mm256_insertf128_ps(s4, _mm_setzero_ps(), 1);                     /* s0..s3 0 0 0 0 */
+        __m256 d8 = _mm256_setzero_ps(), m8 = d8;
+        if (NR == 4) d8 = w32_scales4(WT, W, ws, b, &m8); /* 4 rows' scales at once */
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             float d, c;
             __m256i wq = w32_load(WT, W + r * ws, b, &d, &c);
             __m256i wa = W32_SIGNED(WT) ? _mm256_sign_epi8(wq, wq) : wq;
-            __m256i h01 = _mm256_hadd_epi32(w32_dot(WT, wq, wa, xq[0]), w32_dot(WT, wq, wa, xq[1]));
-            __m256i h23 = _mm256_hadd_epi32(w32_dot(WT, wq, wa, xq[2]), w32_dot(WT, wq, wa, xq[3]));
-            __m256 p = _mm256_cvtepi32_ps(_mm256_hadd_epi32(h01, h23));
-            acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(_mm256_set1_ps(d), d4), acc[r]);
-            if (!W32_SIGNED(WT)) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c), s4, acc[r]);
+            __m256 p = _mm256_cvtepi32_ps(fold4(WT, w32_pairs(WT, wq, wa, xq[0]), w32_pairs(WT, wq, wa, xq[1]),
+                                                w32_pairs(WT, wq, wa, xq[2]), w32_pairs(WT, wq, wa, xq[3])));
+            __m256 dv, cv;
+            if (NR == 4) {
+                dv = _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(r));
+                cv = (WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1)
+                         ? _mm256_permutevar8x32_ps(m8, _mm256_set1_epi32(r))
+                         : _mm256_mul_ps(dv, _mm256_set1_ps((float)-W32_OFF(WT)));
+            } else {
+                dv = _mm256_set1_ps(d), cv = _mm256_set1_ps(c);
+            }
+            acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(dv, d4), acc[r]);
+            if (!W32_SIGNED(WT)) acc[r] = _mm256_fmadd_ps(cv, s4, acc[r]);
         }
     }
 #pragma GCC unroll 4
