@@ -826,19 +826,33 @@ int kv_quantize_row(int type, const float *src, void *dst, int64_t n) {
 
 #define SCRATCH_ALIGN 64
 
-/* Scratch: (T, row size) quantized activations, then for the 32-element
- * formats the side table of float scales and sums (see quant_impl.h). */
+/* Scratch (each part 64-byte aligned):
+ *   X    (T, row size)              activations quantized to the dot type
+ *   xf   side table (groups of 4)   32-element formats only
+ *   xi   8-token interleaved quants (T / 8 groups)    when a tile8 kernel exists
+ *   xs8  8-token scales and sums                      idem */
+static size_t al64(size_t n) { return (n + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN; }
+
 static size_t side_floats(int vt, int64_t K, int64_t T) {
     if (vt != KV_TYPE_Q8_0 && vt != KV_TYPE_Q8_1) return 0;
     return (size_t)((T + 3) / 4) * (size_t)(K / 32) * 8;
+}
+
+static size_t inter_bytes(int vt, int64_t K, int64_t T) {
+    if (vt != KV_TYPE_Q8_0 && vt != KV_TYPE_Q8_1) return 0;
+    return (size_t)(T / 8) * (size_t)(K / 32) * 256;
+}
+
+static size_t inter_floats(int vt, int64_t K, int64_t T) {
+    return inter_bytes(vt, K, T) / 256 * 16;
 }
 
 size_t kv_matmul_scratch_size(int wtype, int64_t K, int64_t T) {
     int vt = kv_vec_dot_type(wtype);
     size_t rs = vt < 0 ? 0 : kv_row_size(vt, K);
     if (T < 0) T = 0;
-    size_t q = (rs * (size_t)T + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN;
-    return SCRATCH_ALIGN + q + side_floats(vt, K, T) * sizeof(float);
+    return SCRATCH_ALIGN + al64(rs * (size_t)T) + al64(side_floats(vt, K, T) * sizeof(float)) +
+           al64(inter_bytes(vt, K, T)) + inter_floats(vt, K, T) * sizeof(float);
 }
 
 typedef struct {
@@ -850,15 +864,38 @@ typedef struct {
     const float *x;
     uint8_t *X; /* (T, xs) quantized activations */
     float *xf;  /* side table or NULL */
+    uint8_t *xi; /* 8-token interleaved quants or NULL */
+    float *xs8;  /* their scales and sums */
     float *y;
-    int vt;
+    int vt, wtype;
     int64_t chunk, nchunks;
     atomic_long next;
 } mm_job;
 
+/* Token group G of 8 (all quantized) -> the interleaved layout. */
+static void mm_interleave(mm_job *j, int64_t G) {
+    int64_t nb = j->K / 32;
+    size_t bs = j->vt == KV_TYPE_Q8_0 ? sizeof(kv_block_q8_0) : sizeof(kv_block_q8_1);
+    size_t qoff = j->vt == KV_TYPE_Q8_0 ? offsetof(kv_block_q8_0, qs) : offsetof(kv_block_q8_1, qs);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *dst = j->xi + (G * nb + b) * 256;
+        float *f = j->xs8 + (G * nb + b) * 16;
+        for (int t = 0; t < 8; t++) {
+            int64_t tok = G * 8 + t;
+            const uint8_t *q = j->X + tok * j->xs + b * bs + qoff;
+            for (int g = 0; g < 8; g++) memcpy(dst + 32 * g + 4 * t, q + 4 * g, 4);
+            f[t] = j->xf[KV_XF(tok, b, nb)];
+            f[8 + t] = j->xf[KV_XF(tok, b, nb) + 4];
+        }
+    }
+}
+
 static void mm_quant_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    int64_t t0 = j->T * ith / nth, t1 = j->T * (ith + 1) / nth;
+    /* whole groups of 8 tokens per thread, so each builds its own groups */
+    int64_t ng = (j->T + 7) / 8;
+    int64_t t0 = ng * ith / nth * 8, t1 = ng * (ith + 1) / nth * 8;
+    if (t1 > j->T) t1 = j->T;
     kv_quant_fn q = j->k->quant[j->vt];
     int64_t nb = j->K / 32;
     size_t bs = j->vt == KV_TYPE_Q8_0 ? sizeof(kv_block_q8_0) : sizeof(kv_block_q8_1);
@@ -879,12 +916,23 @@ static void mm_quant_task(void *arg, int ith, int nth) {
             j->xf[KV_XF(t, b, nb) + 4] = d * (float)sum;
         }
     }
+    if (j->xi)
+        for (int64_t G = t0 / 8; G < t1 / 8; G++) mm_interleave(j, G);
 }
 
-/* Rows [r0, r1) for all tokens, tiles of tr rows x tt tokens. */
+/* Rows [r0, r1) for all tokens, tiles of tr rows x tt tokens (x 8 tokens
+ * with the interleaved layout where there is one). */
 static void mm_rows(mm_job *j, int64_t r0, int64_t r1) {
     int tr = j->k->tile_rows, tt = j->k->tile_toks;
-    for (int64_t t = 0; t < j->T; t += tt) {
+    int64_t t = 0;
+    if (j->xi) {
+        kv_tile8_fn t8 = j->k->tile8[j->wtype];
+        int64_t nb = j->K / 32;
+        for (; t + 8 <= j->T; t += 8)
+            t8(j->K, j->W + r0 * j->ws, j->ws, (int)(r1 - r0), j->xi + (t / 8) * nb * 256,
+               j->xs8 + (t / 8) * nb * 16, j->y + t * j->ldy + r0, j->ldy);
+    }
+    for (; t < j->T; t += tt) {
         int nt = (int)(j->T - t < tt ? j->T - t : tt);
         for (int64_t r = r0; r < r1; r += tr) {
             int nr = (int)(r1 - r < tr ? r1 - r : tr);
@@ -917,14 +965,19 @@ void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
     j.k = k;
     j.tile = k->tile[wtype];
     j.K = K, j.rows = rows, j.T = T, j.ldy = ldy;
-    j.W = W, j.ws = ws, j.xs = xs, j.x = x, j.y = y, j.vt = vt;
+    j.W = W, j.ws = ws, j.xs = xs, j.x = x, j.y = y, j.vt = vt, j.wtype = wtype;
     if (vt == KV_TYPE_F32) {
         j.X = (uint8_t *)x; /* row stride K floats = xs bytes */
     } else {
         uintptr_t p = ((uintptr_t)scratch + SCRATCH_ALIGN - 1) & ~(uintptr_t)(SCRATCH_ALIGN - 1);
         j.X = (uint8_t *)p;
-        if (side_floats(vt, K, T))
-            j.xf = (float *)(j.X + (xs * (size_t)T + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN);
+        uint8_t *q = j.X + al64(xs * (size_t)T);
+        if (side_floats(vt, K, T)) j.xf = (float *)q;
+        q += al64(side_floats(vt, K, T) * sizeof(float));
+        if (k->tile8[wtype] && T >= 8 && inter_bytes(vt, K, T)) {
+            j.xi = q;
+            j.xs8 = (float *)(q + al64(inter_bytes(vt, K, T)));
+        }
         if (nth > 1 && T >= 4 * nth)
             kv_pool_run(pool, mm_quant_task, &j);
         else

@@ -298,6 +298,83 @@ KV_INL void tile32x4(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, co
     }
 }
 
+/* NR rows x 8 tokens on the interleaved layout (see quant_impl.h): for each
+ * group g of 4 weight quants, broadcast them and multiply with the 8 tokens'
+ * 4 quants at once; lanes stay tokens, so no horizontal sums at all. The
+ * 16-bit sums are widened every FL groups (8 * 2 * 15 * 127 < 32768 for the
+ * 4-bit formats, 4 groups for the 5-bit ones). */
+KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,
+                  const float *xs8, float *y, int64_t ldy) {
+    const int FL = (WT == KV_TYPE_Q5_0 || WT == KV_TYPE_Q5_1) ? 4 : 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    _Alignas(32) uint8_t wb[4][32];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        float wd[4], wc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m256i u = w32_load(WT, W + r * ws, b, &wd[r], &wc[r]);
+            _mm256_store_si256((__m256i *)wb[r], u);
+        }
+        const uint8_t *xb = xi + b * 256;
+        __m256i isum[4], s16[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256(), s16[r] = isum[r];
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            __m256i xv = _mm256_load_si256((const __m256i *)(xb + 32 * g));
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                __m256i wv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)(wb[r] + 4 * g)));
+                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wv, xv));
+            }
+            if ((g + 1) % FL == 0) {
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
+                    s16[r] = _mm256_setzero_si256();
+                }
+            }
+        }
+        __m256 d8 = _mm256_load_ps(xs8 + b * 16), s8 = _mm256_load_ps(xs8 + b * 16 + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(_mm256_set1_ps(wd[r]), d8), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(wc[r]), s8, acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        _Alignas(32) float o[8];
+        _mm256_store_ps(o, acc[r]);
+        for (int t = 0; t < 8; t++) y[t * ldy + r] = o[t];
+    }
+}
+
+#define TILE8_FNS(NAME, WT)                                                                        \
+    static KV_AVX2 void NAME##_4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,      \
+                                 const float *xs8, float *y, int64_t ldy) {                         \
+        tile8(WT, 4, nb, W, ws, xi, xs8, y, ldy);                                                 \
+    }                                                                                               \
+    static KV_AVX2 void NAME##_1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,      \
+                                 const float *xs8, float *y, int64_t ldy) {                         \
+        tile8(WT, 1, nb, W, ws, xi, xs8, y, ldy);                                                   \
+    }                                                                                               \
+    static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *xi,    \
+                             const float *xs8, float *y, int64_t ldy) {                             \
+        int64_t nb = K / 32;                                                                        \
+        int r = 0;                                                                                  \
+        for (; r + 4 <= nr; r += 4) NAME##_4(nb, W + r * ws, ws, xi, xs8, y + r, ldy);         \
+        for (; r < nr; r++) NAME##_1(nb, W + r * ws, ws, xi, xs8, y + r, ldy);                      \
+    }
+
+TILE8_FNS(tile8_q4_0, KV_TYPE_Q4_0)
+TILE8_FNS(tile8_q4_1, KV_TYPE_Q4_1)
+TILE8_FNS(tile8_q5_0, KV_TYPE_Q5_0)
+TILE8_FNS(tile8_q5_1, KV_TYPE_Q5_1)
+
 /* Instantiations and the tile dispatcher for one weight type. */
 #define TILE32_FNS(NAME, WT)                                                                       \
     static KV_AVX2 void NAME##_x4_4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,    \
@@ -744,6 +821,10 @@ int kv_kernels_avx2(kv_kernels *k) {
     k->tile[KV_TYPE_F32] = tile_f32, k->dot[KV_TYPE_F32] = tile_f32_dot;
     k->tile[KV_TYPE_F16] = tile_f16, k->dot[KV_TYPE_F16] = tile_f16_dot;
     k->tile[KV_TYPE_BF16] = tile_bf16, k->dot[KV_TYPE_BF16] = tile_bf16_dot;
+    k->tile8[KV_TYPE_Q4_0] = tile8_q4_0;
+    k->tile8[KV_TYPE_Q4_1] = tile8_q4_1;
+    k->tile8[KV_TYPE_Q5_0] = tile8_q5_0;
+    k->tile8[KV_TYPE_Q5_1] = tile8_q5_1;
     k->quant[KV_TYPE_Q8_0] = quant_q8_0;
     k->quant[KV_TYPE_Q8_1] = quant_q8_1;
     k->quant[KV_TYPE_Q8_K] = quant_q8_k;

@@ -83,9 +83,20 @@ typedef void (*kv_tile_fn)(int64_t K, const uint8_t *W, size_t wstride, int nr,
 typedef void (*kv_dot_fn)(int64_t n, float *out, const void *w, const void *x);
 typedef void (*kv_quant_fn)(const float *src, void *dst, int64_t n);
 
+/* The 8-token prefill layout of Q8_0 / Q8_1 activations (built by kv_matmul
+ * when the weight type has a tile8 kernel). For each group of 8 tokens and
+ * each block b: 256 bytes, quants 4g..4g+3 of tokens 0..7 for g = 0..7:
+ *   xi[(G * nb + b) * 256 + 32 g + 4 t + k] = q of token 8G + t, element 32 b + 4 g + k
+ * and 16 floats: the 8 tokens' block scales d, then their d * sum(q):
+ *   xs8[(G * nb + b) * 16 + t], xs8[(G * nb + b) * 16 + 8 + t]
+ * tile8: y[t * ldy + r] for r < nr, t < 8, group pointers already offset. */
+typedef void (*kv_tile8_fn)(int64_t K, const uint8_t *W, size_t wstride, int nr,
+                            const uint8_t *xi, const float *xs8, float *y, int64_t ldy);
+
 typedef struct {
     kv_dot_fn dot[64];   /* by weight type */
     kv_tile_fn tile[64]; /* by weight type */
+    kv_tile8_fn tile8[64]; /* by weight type, NULL if none */
     kv_quant_fn quant[64]; /* by activation type */
     int tile_rows, tile_toks; /* preferred tile shape (rows x tokens) */
 } kv_kernels;
