@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Compare kvlua with llama.cpp on the benchmark models.
 #
-#   scripts/bench-compare.sh [-r REPS] [-t THREADS] [-m "smollm2 synth-..."] [-o results.jsonl]
+#   scripts/bench-compare.sh [-r REPS] [-t THREADS] [-m "smollm2 synth-..."]
+#                            [-x "EXTRA ARGS"] [-o results.jsonl]
 #
-# For each model, runs `lua5.4 scripts/bench.lua --model M --threads T --json`
-# (when scripts/bench.lua exists) and `python3 scripts/ref/bench_ref.py M
-# --threads T --json` alternately, REPS times (default 3), collects the JSON
+# For each model, runs `lua5.4 scripts/bench.lua --model M --threads T --reps 1
+# --json EXTRA` (when scripts/bench.lua exists) and `python3 scripts/ref/bench_ref.py
+# M --threads T --reps 1 --json EXTRA` alternately, REPS times (default 3), so
+# both engines see the same machine load; EXTRA (e.g. "--decode 16 --depth 16,512")
+# goes to both. Collects the JSON
 # objects in a JSON-lines file and prints medians and kvlua / llama.cpp ratios
 # (scripts/ref/bench_table.py). Models (default): the real SmolLM2 Q4_1 and the
 # four synthetic files of scripts/make-synthetic.py (created if missing).
@@ -18,13 +21,15 @@ reps=3
 threads=2
 models="smollm2 synth-smollm2-135m-Q4_0 synth-smollm2-135m-Q8_0 synth-llama32-1b-Q4_0 synth-llama32-1b-Q8_0"
 out=""
-while getopts "r:t:m:o:h" opt; do
+extra=""
+while getopts "r:t:m:o:x:h" opt; do
   case "$opt" in
     r) reps="$OPTARG" ;;
     t) threads="$OPTARG" ;;
     m) models="$OPTARG" ;;
     o) out="$OPTARG" ;;
-    *) sed -n '2,12p' "$0"; exit 2 ;;
+    x) extra="$OPTARG" ;;
+    *) sed -n '2,15p' "$0"; exit 2 ;;
   esac
 done
 [ -n "$out" ] || out="$(mktemp -t bench-compare.XXXXXX.jsonl)"
@@ -55,13 +60,13 @@ for name in $models; do
   path="$(model_path "$name")"
   for r in $(seq 1 "$reps"); do
     if [ "$have_kvlua" = 1 ]; then
-      if j="$(lua5.4 scripts/bench.lua --model "$path" --threads "$threads" --json | last_json)" && [ -n "$j" ]; then
+      if j="$(lua5.4 scripts/bench.lua --model "$path" --threads "$threads" --reps 1 --json $extra | last_json)" && [ -n "$j" ]; then
         record kvlua "$name" "$j"
       else
         echo "bench-compare: kvlua run $r on $name failed" >&2
       fi
     fi
-    if j="$(python3 scripts/ref/bench_ref.py "$path" --threads "$threads" --json | last_json)" && [ -n "$j" ]; then
+    if j="$(python3 scripts/ref/bench_ref.py "$path" --threads "$threads" --reps 1 --json $extra | last_json)" && [ -n "$j" ]; then
       record llama.cpp "$name" "$j"
     else
       echo "bench-compare: llama.cpp run $r on $name failed" >&2

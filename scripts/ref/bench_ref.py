@@ -3,21 +3,20 @@
 
     python3 scripts/ref/bench_ref.py MODEL.gguf [--threads 2] [--json] [--decode 64]
 
-Measures, on one sequence with an F16 KV cache (n_ctx 2048, n_batch = n_ubatch = 512):
+Same measurements and JSON shape as scripts/bench.lua, on one sequence with an F16
+KV cache (ctx 2048, n_batch = n_ubatch = 512):
 
-  prefill_128_tps, prefill_512_tps   tokens/s of one prefill of 128 / 512 tokens from
-                                     an empty cache (logits of the last position only)
-  decode_16_tps, decode_512_tps,     tokens/s of --decode (64) single-token decode steps
-  decode_1792_tps                    (greedy: argmax of the previous logits, included)
-                                     after a prefill of 16 / 512 / 1792 tokens
-  ttft_128_ms, ttft_512_ms           empty cache -> prefill of 128 / 512 tokens -> argmax
-                                     of the first new token
-  itl_p50_ms, itl_p90_ms, itl_p99_ms inter-token latency percentiles over the decode
-                                     steps at depth 512 (one decode + argmax each)
+  prefill_tps["128"|"512"]   tokens/s of one prefill from an empty cache (logits of
+                             the last position only); ttft_ms[...] = its duration
+  decode_tps["16"|"512"|"1792"]  tokens/s of --decode (64) single-token decode steps
+                             after a prefill of that depth (teacher-forced tokens)
+  itl_ms {p50, p90, p99}     per-step latency percentiles at the first depth (16)
 
-The prompt tokens are the tokenization of tests/data/public-domain.txt (repeated
-if needed). One untimed warm-up (a 32-token prefill and 4 decode steps) runs first.
-Prints one JSON object with --json (always on the last line), else a short table.
+Each timed span is one or more llama_decode calls plus the copy of the last
+logits row. Prompt tokens: tests/data/public-domain.txt tokenized (repeated if
+needed). One untimed warm-up (32-token prefill, 4 decode steps) runs first; with
+--reps N every figure is the median of N repetitions. OMP_WAIT_POLICY defaults
+to PASSIVE (see refimpl.py). Prints one JSON object with --json.
 """
 
 import argparse
@@ -52,21 +51,12 @@ def pct(xs, p):
     return float(np.percentile(np.asarray(xs, dtype=np.float64), p))
 
 
-def bench(path, threads, n_decode):
+def bench(path, threads, n_decode, reps=1, prefills=PREFILL_SIZES, depths=DECODE_DEPTHS):
     t0 = time.perf_counter()
-    ref = refimpl.Ref(path, n_ctx=N_CTX, n_threads=threads, n_batch=N_BATCH)
+    n_ctx = max(N_CTX, max(depths) + n_decode + 16)
+    ref = refimpl.Ref(path, n_ctx=n_ctx, n_threads=threads, n_batch=N_BATCH)
     load_s = time.perf_counter() - t0
-    toks = prompt_tokens(ref, max(max(PREFILL_SIZES), max(DECODE_DEPTHS)))
-    res = {
-        "engine": "llama.cpp",
-        "reference": refimpl.version(),
-        "model": os.path.basename(path),
-        "threads": threads,
-        "n_ctx": N_CTX,
-        "n_batch": N_BATCH,
-        "n_decode": n_decode,
-        "load_s": load_s,
-    }
+    toks = prompt_tokens(ref, max(max(prefills), max(depths) + n_decode))
 
     # warm-up (page in weights, build graphs)
     ref.clear()
@@ -74,33 +64,44 @@ def bench(path, threads, n_decode):
     for _ in range(4):
         lg = ref.eval([int(np.argmax(lg))])
 
-    for n in PREFILL_SIZES:
-        ref.clear()
-        t = time.perf_counter()
-        lg = ref.eval(toks[:n])
-        first = int(np.argmax(lg))
-        dt = time.perf_counter() - t
-        res["prefill_%d_tps" % n] = n / dt
-        res["ttft_%d_ms" % n] = dt * 1e3
-        del first
-
-    for d in DECODE_DEPTHS:
-        ref.clear()
-        lg = ref.eval(toks[:d])
-        itl = []
-        t_all = time.perf_counter()
-        for _ in range(n_decode):
+    pre, ttft, dec, itl_first = {}, {}, {}, []
+    for _ in range(reps):
+        for n in prefills:
+            ref.clear()
             t = time.perf_counter()
-            lg = ref.eval([int(np.argmax(lg))])
-            itl.append(time.perf_counter() - t)
-        dt = time.perf_counter() - t_all
-        res["decode_%d_tps" % d] = n_decode / dt
-        if d == 512:
-            res["itl_p50_ms"] = pct(itl, 50) * 1e3
-            res["itl_p90_ms"] = pct(itl, 90) * 1e3
-            res["itl_p99_ms"] = pct(itl, 99) * 1e3
+            lg = ref.eval(toks[:n])
+            dt = time.perf_counter() - t
+            pre.setdefault(n, []).append(n / dt)
+            ttft.setdefault(n, []).append(dt * 1e3)
+        for d in depths:
+            ref.clear()
+            lg = ref.eval(toks[:d])
+            steps = []
+            for tok in toks[d:d + n_decode]:       # teacher-forced, like bench.lua
+                t = time.perf_counter()
+                lg = ref.eval([tok])
+                steps.append(time.perf_counter() - t)
+            dec.setdefault(d, []).append(len(steps) / sum(steps))
+            if d == depths[0]:
+                itl_first.extend(steps)
     ref.close()
-    return res
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    return {
+        "engine": "llama.cpp",
+        "reference": refimpl.version(),
+        "model": os.path.basename(path),
+        "threads": threads,
+        "ctx": n_ctx,
+        "n_batch": N_BATCH,
+        "reps": reps,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "load_s": load_s,
+        "prefill_tps": {str(k): med(v) for k, v in pre.items()},
+        "ttft_ms": {str(k): med(v) for k, v in ttft.items()},
+        "decode_tps": {str(k): med(v) for k, v in dec.items()},
+        "itl_ms": {"p50": pct(itl_first, 50) * 1e3, "p90": pct(itl_first, 90) * 1e3,
+                   "p99": pct(itl_first, 99) * 1e3},
+    }
 
 
 def main():
@@ -108,14 +109,23 @@ def main():
     ap.add_argument("model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--decode", type=int, default=64, help="decode steps per depth")
+    ap.add_argument("--reps", type=int, default=1, help="repetitions (medians reported)")
+    ap.add_argument("--prefill", default="128,512")
+    ap.add_argument("--depth", default="16,512,1792")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
-    res = bench(a.model, a.threads, a.decode)
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    res = bench(a.model, a.threads, a.decode, a.reps, ints(a.prefill), ints(a.depth))
     if a.json:
         print(json.dumps(res))
-    else:
-        for k, v in res.items():
-            print("%-18s %s" % (k, ("%.2f" % v) if isinstance(v, float) else v))
+        return
+    print("model %s, %d threads, ctx %d, %s" % (res["model"], res["threads"], res["ctx"], res["reference"]))
+    for k, v in res["prefill_tps"].items():
+        print("prefill %5s tokens: %8.1f tok/s  (TTFT %.1f ms)" % (k, v, res["ttft_ms"][k]))
+    for k, v in res["decode_tps"].items():
+        print("decode at depth %5s: %8.1f tok/s" % (k, v))
+    i = res["itl_ms"]
+    print("ITL p50 %.2f ms, p90 %.2f ms, p99 %.2f ms" % (i["p50"], i["p90"], i["p99"]))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 
 Each input line: {"side": "kvlua"|"llama.cpp", "model": NAME, "result": {...}} where
 result is the JSON object printed by scripts/bench.lua --json or
-scripts/ref/bench_ref.py --json. Every numeric key present on a side is reported;
+scripts/ref/bench_ref.py --json (nested tables like prefill_tps = {["128"] = x} are
+flattened to prefill_128_tps). Every numeric key present on a side is reported;
 the ratio column appears for keys both sides have. For *_tps keys a ratio > 1
 means kvlua is faster; for *_ms keys a ratio < 1 means kvlua is faster.
 """
@@ -20,6 +21,22 @@ ORDER = ["prefill_128_tps", "prefill_512_tps", "decode_16_tps", "decode_512_tps"
          "itl_p99_ms", "load_s"]
 
 
+def flatten(res):
+    """bench.lua / bench_ref.py nested figures -> flat keys (prefill_tps["128"] -> prefill_128_tps)."""
+    out = {}
+    for k, v in res.items():
+        if isinstance(v, dict):
+            for sub, x in v.items():
+                if k.endswith("_tps") or k.endswith("_ms"):
+                    base, unit = k.rsplit("_", 1)
+                    out["%s_%s_%s" % (base, sub, unit)] = x
+                else:
+                    out["%s_%s" % (k, sub)] = x
+        else:
+            out[k] = v
+    return out
+
+
 def main():
     data = OrderedDict()   # model -> side -> key -> [values]
     with open(sys.argv[1]) as f:
@@ -29,10 +46,10 @@ def main():
                 continue
             rec = json.loads(line)
             side = data.setdefault(rec["model"], OrderedDict()).setdefault(rec["side"], {})
-            for k, v in rec["result"].items():
+            for k, v in flatten(rec["result"]).items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     side.setdefault(k, []).append(float(v))
-    skip = {"threads", "n_ctx", "n_batch", "n_decode"}
+    skip = {"threads", "n_ctx", "ctx", "n_batch", "n_decode", "reps", "kv_bytes", "peak_rss", "n_params", "file_type"}
     for model, sides in data.items():
         ku = sides.get("kvlua", {})
         lc = sides.get("llama.cpp", {})

@@ -20,7 +20,14 @@ import os
 import re
 
 import numpy as np
-import llama_cpp as L
+
+# llama.cpp's CPU backend here is built with OpenMP; libgomp's default busy-wait
+# collapses when the cores are shared with other processes (2 threads on a loaded
+# 2-core machine: ~2 tok/s decode instead of ~35). Passive waiting must be chosen
+# before libgomp is loaded; set OMP_WAIT_POLICY yourself to override.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import llama_cpp as L  # noqa: E402
 
 _backend_ready = False
 
