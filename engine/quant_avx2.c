@@ -462,11 +462,28 @@ DOT32_FN(tile_q8_0_dot, KV_TYPE_Q8_0)
  * K-quants x Q8_K
  * ========================================================================= */
 
-/* Q4_K scales (sc[8]) and mins of a super-block; mins also as 8 int16. */
-KV_INL __m128i k4_scales(const uint8_t *s, uint8_t sc[8]) {
-    uint8_t m[16] = {0};
-    for (int j = 0; j < 8; j++) kv_scale_min_k4(j, s, &sc[j], &m[j]);
-    return _mm_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)m));
+/* Q4_K / Q5_K: the 8 six-bit scales and mins of a super-block, unpacked with
+ * 32-bit masks (bytes 0..7 scales, 8..15 mins); returns the mins as 8 int16
+ * and the scales as 16-bit values repeated in both 128-bit lanes. */
+KV_INL __m128i k4_scales(const uint8_t *s, __m256i *sc16) {
+    uint32_t u[4];
+    memcpy(u, s, 12);
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    uint32_t mins_lo = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = mins_lo;
+    u[0] &= m1;
+    __m128i v = _mm_loadu_si128((const __m128i *)u);
+    __m128i sc = _mm_cvtepu8_epi16(v);
+    *sc16 = _mm256_set_m128i(sc, sc);
+    return _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
+}
+
+/* Broadcast 16-bit lane k of each 128-bit half. */
+KV_INL __m256i bcast16(__m256i v, int k) {
+    const __m256i idx = _mm256_set1_epi16((short)((2 * k) | ((2 * k + 1) << 8)));
+    return _mm256_shuffle_epi8(v, idx);
 }
 
 /* Sum over 8 sub-blocks of m_j * (bsums[2j] + bsums[2j+1]). */
@@ -480,7 +497,7 @@ KV_INL int k_minsum(__m128i mins, const int16_t *bsums) {
 }
 
 /* One Q4_K/Q5_K super-block against NT Q8_K rows; Q5 when QH != NULL. */
-KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc,
+KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, __m256i sc,
                       const kv_block_q8_k *const *xb, __m256i *isum) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
@@ -494,8 +511,8 @@ KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, const uint8_
             lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
         }
-        __m256i s0 = _mm256_set1_epi16(sc[2 * j]);
-        __m256i s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+        __m256i s0 = bcast16(sc, 2 * j);
+        __m256i s1 = bcast16(sc, 2 * j + 1);
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             __m256i y0 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j));
@@ -523,8 +540,8 @@ KV_INL void tile_k45(int Q5, int NT, int64_t nb, const uint8_t *W, const uint8_t
             const kv_block_q4_k *w = (const kv_block_q4_k *)W + b;
             qs = w->qs, scales = w->scales, d = h2f(w->d), dmin = h2f(w->dmin);
         }
-        uint8_t sc[8];
-        __m128i mins = k4_scales(scales, sc);
+        __m256i sc;
+        __m128i mins = k4_scales(scales, &sc);
         const kv_block_q8_k *xb[4];
         __m256i isum[4];
 #pragma GCC unroll 4
