@@ -245,19 +245,7 @@ static bool cpu_all_finite(kv_backend *b, const float *x, int64_t n) {
 }
 
 /* ==== attention kernels ======================================================
- * dot_k: q(n) . K row (n, f16 or f32); axpy_v: acc(n) += p * V row. */
-
-static float dot_k_scalar(const void *krow, int ktype, const float *q, int n) {
-    float s = 0.0f;
-    if (ktype == KV_TYPE_F16) {
-        const uint16_t *k = krow;
-        for (int i = 0; i < n; i++) s += kv_f16_to_f32(k[i]) * q[i];
-    } else {
-        const float *k = krow;
-        for (int i = 0; i < n; i++) s += k[i] * q[i];
-    }
-    return s;
-}
+ * axpy_v: acc(n) += p * V row (f16 or f32). */
 
 static void axpy_v_scalar(float *acc, const void *vrow, int vtype, float p, int n) {
     if (vtype == KV_TYPE_F16) {
@@ -279,43 +267,6 @@ KV_AVX2 static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(a);
 }
 
-/* n % 8 == 0 */
-KV_AVX2 static float dot_k_avx2(const void *krow, int ktype, const float *q, int n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    if (ktype == KV_TYPE_F16) {
-        const uint16_t *k = krow;
-        for (; i + 16 <= n; i += 16) {
-            __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
-            __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8)));
-            s0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q + i), s0);
-            s1 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q + i + 8), s1);
-        }
-        for (; i < n; i += 8)
-            s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))),
-                                 _mm256_loadu_ps(q + i), s0);
-    } else {
-        const float *k = krow;
-        for (; i < n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + i), _mm256_loadu_ps(q + i), s0);
-    }
-    return hsum256(_mm256_add_ps(s0, s1));
-}
-
-KV_AVX2 static void axpy_v_avx2(float *acc, const void *vrow, int vtype, float p, int n) {
-    __m256 pp = _mm256_set1_ps(p);
-    if (vtype == KV_TYPE_F16) {
-        const uint16_t *v = vrow;
-        for (int i = 0; i < n; i += 8) {
-            __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
-            _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pp, vv, _mm256_loadu_ps(acc + i)));
-        }
-    } else {
-        const float *v = vrow;
-        for (int i = 0; i < n; i += 8)
-            _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pp, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
-    }
-}
-
 /* exp(x) for 8 lanes, x <= 0 here (scores minus their max); ~2 ulp. */
 KV_AVX2 static inline __m256 exp256(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
@@ -334,21 +285,42 @@ KV_AVX2 static inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-/* x[i] = exp(x[i] - mx), returns the sum. */
-KV_AVX2 static float exp_sub_sum_avx2(float *x, int n, float mx) {
-    __m256 m = _mm256_set1_ps(mx), s = _mm256_setzero_ps();
+/* x[i] = exp(sc * (x[i] - mx)), returns the sum. */
+KV_AVX2 static float exp_sub_sum_avx2(float *x, int n, float mx, float sc) {
+    __m256 m = _mm256_set1_ps(mx), vs = _mm256_set1_ps(sc), s = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 v = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+        __m256 v = exp256(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), vs));
         _mm256_storeu_ps(x + i, v);
         s = _mm256_add_ps(s, v);
     }
     float t = hsum256(s);
     for (; i < n; i++) {
-        x[i] = expf(x[i] - mx);
+        x[i] = expf(sc * (x[i] - mx));
         t += x[i];
     }
     return t;
+}
+
+KV_AVX2 static float max_avx2(const float *x, int n) {
+    int i = 0;
+    float m = x[0];
+    if (n >= 8) {
+        __m256 v = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + i));
+        __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+        a = _mm_max_ss(a, _mm_movehdup_ps(a));
+        m = _mm_cvtss_f32(a);
+    }
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* y(n) = x rounded to f16 and back; n % 8 == 0 */
+KV_AVX2 static void round_f16_avx2(float *y, const float *x, int n) {
+    for (int i = 0; i < n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
 }
 
 /* gate = silu(gate) * up */
@@ -366,10 +338,10 @@ KV_AVX2 static void silu_mul_avx2(float *gate, const float *up, int64_t n) {
 }
 #endif
 
-static float exp_sub_sum_scalar(float *x, int n, float mx) {
+static float exp_sub_sum_scalar(float *x, int n, float mx, float sc) {
     float t = 0.0f;
     for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
+        x[i] = expf(sc * (x[i] - mx));
         t += x[i];
     }
     return t;
@@ -378,6 +350,13 @@ static float exp_sub_sum_scalar(float *x, int n, float mx) {
 /* ==== attention =============================================================== */
 
 #define ATT_CHUNK 64 /* keys per softmax chunk */
+
+/* Query tokens per task: the rows of a task are (token, head of the group),
+ * about 16 of them, so each K/V row read serves several queries. */
+static int att_tokens_per_task(const kv_attn_params *ap) {
+    int G = ap->n_head / ap->n_head_kv;
+    return G >= 16 ? 1 : 16 / G;
+}
 
 typedef struct {
     const cpu_ctx *c;
@@ -388,25 +367,28 @@ typedef struct {
     int pos0;
     float *out;     /* (T, n_head, head_dim_v) */
     float *work;
-    int n_split;    /* key slices per (token, group) */
+    int n_split;    /* key slices per (token block, group) */
+    int tb;         /* query tokens per task */
     size_t per_thread; /* floats of private scratch per thread */
     float *partial; /* (n_split, T, n_head, head_dim_v + 2): acc, max, sum */
 } att_job;
 
-/* Floats of per-thread scratch: qf (G, hd), acc (G, hdv), s (G, ATT_CHUNK), m, l (G). */
+/* Floats of per-thread scratch for R rows: qf (R, hd), acc (R, hdv),
+ * s (R, ATT_CHUNK), m, l (R), kf (hd), row ranges (2R). */
 static size_t att_thread_floats(const kv_attn_params *ap) {
-    size_t G = (size_t)(ap->n_head / ap->n_head_kv);
-    size_t n = G * ap->head_dim + G * ap->head_dim_v + G * ATT_CHUNK + 2 * G;
+    size_t R = (size_t)(ap->n_head / ap->n_head_kv) * att_tokens_per_task(ap);
+    size_t n = R * ap->head_dim + R * ap->head_dim_v + R * ATT_CHUNK + 4 * R + ap->head_dim;
     return (n + 15) & ~(size_t)15;
 }
 
-/* Key slices per (token, KV head): few query rows (decode) split the keys
- * so every thread has work. Independent of the thread count, so results do
- * not change with it. */
+/* Key slices per (token block, KV head): few query rows (decode) split the
+ * keys so every thread has work. Independent of the thread count, so
+ * results do not change with it. */
 #define ATT_SPLIT 4
 static int att_split(const cpu_ctx *c, const kv_attn_params *ap, int64_t T) {
     (void)c;
-    return T * ap->n_head_kv >= 8 ? 1 : ATT_SPLIT;
+    int64_t blocks = (T + att_tokens_per_task(ap) - 1) / att_tokens_per_task(ap);
+    return blocks * ap->n_head_kv >= 8 ? 1 : ATT_SPLIT;
 }
 
 static size_t cpu_attn_scratch(kv_backend *b, const kv_attn_params *ap, int64_t T) {
@@ -417,30 +399,141 @@ static size_t cpu_attn_scratch(kv_backend *b, const kv_attn_params *ap, int64_t 
     return n;
 }
 
-/* One task: query token t, KV head g, keys [k0, k1]. */
-static void att_task(const att_job *J, float *priv, int64_t t, int g, int k0, int k1, int sp) {
+/* ---- chunk kernels: scores S(R, n) = Qf(R, hd) . K(n, hd)^T and
+ * ACC(R, hdv) += P(R, n) . V(n, hdv) ---- */
+
+static void att_scores_scalar(float *s, const float *qf, int R, int hd, const uint8_t *K, size_t kr,
+                              int kt, int n, float *kf) {
+    for (int j = 0; j < n; j++) {
+        const void *kj = K + (size_t)j * kr;
+        if (kt == KV_TYPE_F16) {
+            for (int i = 0; i < hd; i++) kf[i] = kv_f16_to_f32(((const uint16_t *)kj)[i]);
+        } else {
+            memcpy(kf, kj, sizeof(float) * hd);
+        }
+        for (int r = 0; r < R; r++) {
+            float d = 0.0f;
+            for (int i = 0; i < hd; i++) d += kf[i] * qf[r * hd + i];
+            s[r * ATT_CHUNK + j] = d;
+        }
+    }
+}
+
+static void att_pv_scalar(float *acc, const float *p, int R, int hdv, const uint8_t *V, size_t vr,
+                          int vt, int n) {
+    for (int j = 0; j < n; j++)
+        for (int r = 0; r < R; r++) axpy_v_scalar(acc + r * hdv, V + (size_t)j * vr, vt, p[r * ATT_CHUNK + j], hdv);
+}
+
+#ifdef KV_X86
+/* hd % 8 == 0 */
+KV_AVX2 static void att_scores_avx2(float *s, const float *qf, int R, int hd, const uint8_t *K,
+                                    size_t kr, int kt, int n, float *kf) {
+    for (int j = 0; j < n; j++) {
+        const void *kj = K + (size_t)j * kr;
+        const float *k = kj;
+        /* the next chunk's rows: keep several memory reads in flight */
+        for (size_t o = 0; o < kr; o += 64) _mm_prefetch((const char *)kj + (size_t)ATT_CHUNK * kr + o, _MM_HINT_T0);
+        if (kt == KV_TYPE_F16) {
+            for (int i = 0; i < hd; i += 8)
+                _mm256_storeu_ps(kf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)kj + i))));
+            k = kf;
+        }
+        for (int r = 0; r < R; r++) {
+            const float *q = qf + r * hd;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int i = 0;
+            for (; i + 16 <= hd; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + i), _mm256_loadu_ps(q + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k + i + 8), _mm256_loadu_ps(q + i + 8), a1);
+            }
+            for (; i < hd; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + i), _mm256_loadu_ps(q + i), a0);
+            s[r * ATT_CHUNK + j] = hsum256(_mm256_add_ps(a0, a1));
+        }
+    }
+}
+
+/* hdv % 8 == 0; rows in groups of 8 held in registers over the keys */
+KV_AVX2 static void att_pv_avx2(float *acc, const float *p, int R, int hdv, const uint8_t *V, size_t vr,
+                                int vt, int n) {
+    for (int j = 0; j < n; j++) /* the next chunk's V rows */
+        for (size_t o = 0; o < vr; o += 64) _mm_prefetch((const char *)V + (size_t)(ATT_CHUNK + j) * vr + o, _MM_HINT_T0);
+    for (int r0 = 0; r0 < R; r0 += 8) {
+        const int rn = R - r0 < 8 ? R - r0 : 8;
+        for (int d = 0; d < hdv; d += 8) {
+            __m256 a[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++)
+                a[r] = r < rn ? _mm256_loadu_ps(acc + (r0 + r) * hdv + d) : _mm256_setzero_ps();
+            for (int j = 0; j < n; j++) {
+                const uint8_t *vj = V + (size_t)j * vr;
+                __m256 v = vt == KV_TYPE_F16
+                               ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)vj + d)))
+                               : _mm256_loadu_ps((const float *)vj + d);
+                const float *pj = p + (size_t)r0 * ATT_CHUNK + j;
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; r++)
+                    if (r < rn) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(pj + r * ATT_CHUNK), v, a[r]);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++)
+                if (r < rn) _mm256_storeu_ps(acc + (r0 + r) * hdv + d, a[r]);
+        }
+    }
+}
+#endif
+
+/* One task: query tokens t0 .. t0+tn-1 with all heads of KV head g, keys of
+ * slice sp. Row r = (token tl, head h) = tl * G + h. */
+static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, int sp) {
     const kv_attn_params *ap = J->ap;
     const int G = ap->n_head / ap->n_head_kv, hd = ap->head_dim, hdv = ap->head_dim_v;
+    const int R = tn * G;
     const int kt = kv_kvcache_ktype(J->kv), vt = kv_kvcache_vtype(J->kv);
     const size_t kr = kv_kvcache_row_bytes(J->kv, false), vr = kv_kvcache_row_bytes(J->kv, true);
-    float *qf = priv;              /* (G, hd) queries, rounded like the K type */
-    float *acc = qf + G * hd;      /* (G, hdv) */
-    float *s = acc + G * hdv;      /* (G, ATT_CHUNK) scores, then probabilities */
-    float *mx = s + G * ATT_CHUNK; /* (G) running max */
-    float *sum = mx + G;           /* (G) running sum */
+    float *qf = priv;              /* (R, hd) queries, rounded like the K type */
+    float *acc = qf + R * hd;      /* (R, hdv) */
+    float *s = acc + R * hdv;      /* (R, ATT_CHUNK) scores, then probabilities */
+    float *mx = s + R * ATT_CHUNK; /* (R) running max */
+    float *sum = mx + R;           /* (R) running sum */
+    float *lo = sum + R, *hi = lo + R; /* (R) visible key range of each row (as floats) */
+    float *kf = hi + R;            /* (hd) one K row in f32 */
 #ifdef KV_X86
     const bool simd = J->c->avx2 && hd % 8 == 0 && hdv % 8 == 0;
 #else
     const bool simd = false;
 #endif
-    for (int h = 0; h < G; h++) {
-        const float *qs = J->q + (t * ap->n_head + g * G + h) * (int64_t)hd;
-        for (int i = 0; i < hd; i++)
-            qf[h * hd + i] = kt == KV_TYPE_F16 ? kv_f16_to_f32(kv_f32_to_f16(qs[i])) : qs[i];
-        mx[h] = -INFINITY;
-        sum[h] = 0.0f;
+    /* rows, their key ranges, and the union range */
+    int kmin = INT32_MAX, kmax = -1;
+    for (int tl = 0; tl < tn; tl++) {
+        const int qpos = J->pos0 + (int)(t0 + tl);
+        int l = 0;
+        if (ap->window > 0 && qpos - ap->window + 1 > 0) l = qpos - ap->window + 1;
+        if (l < kmin) kmin = l;
+        if (qpos > kmax) kmax = qpos;
+        for (int h = 0; h < G; h++) {
+            const int r = tl * G + h;
+            const float *qs = J->q + ((t0 + tl) * ap->n_head + g * G + h) * (int64_t)hd;
+#ifdef KV_X86
+            if (simd && kt == KV_TYPE_F16)
+                round_f16_avx2(qf + r * hd, qs, hd);
+            else
+#endif
+                for (int i = 0; i < hd; i++)
+                    qf[r * hd + i] = kt == KV_TYPE_F16 ? kv_f16_to_f32(kv_f32_to_f16(qs[i])) : qs[i];
+            mx[r] = -INFINITY;
+            sum[r] = 0.0f;
+            lo[r] = (float)l;
+            hi[r] = (float)qpos;
+        }
     }
-    memset(acc, 0, sizeof(float) * G * hdv);
+    memset(acc, 0, sizeof(float) * R * hdv);
+    /* this slice of the union range */
+    const int nkeys = kmax - kmin + 1, per = (nkeys + J->n_split - 1) / J->n_split;
+    const int k0 = kmin + sp * per;
+    int k1 = k0 + per - 1;
+    if (k1 > kmax) k1 = kmax;
+    bool partial_rows = tn > 1 || ap->window > 0; /* some rows may see only part of a chunk */
 
     for (int p = k0; p <= k1;) {
         int nk, nv;
@@ -450,61 +543,78 @@ static void att_task(const att_job *J, float *priv, int64_t t, int g, int k0, in
         if (n > ATT_CHUNK) n = ATT_CHUNK;
         if (n > nk) n = nk;
         if (n > nv) n = nv;
-        /* scores */
-        for (int j = 0; j < n; j++) {
-            const void *kj = K + (size_t)j * kr;
-            for (int h = 0; h < G; h++) {
 #ifdef KV_X86
-                float d = simd ? dot_k_avx2(kj, kt, qf + h * hd, hd) : dot_k_scalar(kj, kt, qf + h * hd, hd);
-#else
-                float d = dot_k_scalar(kj, kt, qf + h * hd, hd);
+        if (simd)
+            att_scores_avx2(s, qf, R, hd, K, kr, kt, n, kf);
+        else
 #endif
-                d *= ap->scale;
-                if (ap->softcap > 0.0f) d = ap->softcap * tanhf(d / ap->softcap);
-                s[h * ATT_CHUNK + j] = d;
+            att_scores_scalar(s, qf, R, hd, K, kr, kt, n, kf);
+        /* softcap, mask, online softmax update; probabilities are
+         * exp(scale * (s - max)) (scale > 0, so the max commutes) */
+        for (int r = 0; r < R; r++) {
+            float *sr = s + r * ATT_CHUNK;
+            float sc = ap->scale;
+            if (ap->softcap > 0.0f) {
+                for (int j = 0; j < n; j++) sr[j] = ap->softcap * tanhf(sr[j] * sc / ap->softcap);
+                sc = 1.0f;
             }
-        }
-        /* online softmax update */
-        for (int h = 0; h < G; h++) {
-            float *sh = s + h * ATT_CHUNK, cm = mx[h];
-            for (int j = 0; j < n; j++) cm = sh[j] > cm ? sh[j] : cm;
-            float corr = mx[h] == -INFINITY ? 0.0f : expf(mx[h] - cm);
-            mx[h] = cm;
+            int jlo = 0, jhi = n - 1; /* visible part of the chunk for this row */
+            if (partial_rows) {
+                if ((int)lo[r] > p) jlo = (int)lo[r] - p;
+                if ((int)hi[r] < p + n - 1) jhi = (int)hi[r] - p;
+            }
+            if (jlo > jhi) {
+                memset(sr, 0, sizeof(float) * n);
+                continue;
+            }
+            for (int j = 0; j < jlo; j++) sr[j] = 0.0f;
+            for (int j = jhi + 1; j < n; j++) sr[j] = 0.0f;
+            float cm;
 #ifdef KV_X86
-            float cs = simd ? exp_sub_sum_avx2(sh, n, cm) : exp_sub_sum_scalar(sh, n, cm);
-#else
-            float cs = exp_sub_sum_scalar(sh, n, cm);
+            if (simd) {
+                cm = max_avx2(sr + jlo, jhi - jlo + 1);
+            } else
 #endif
-            sum[h] = sum[h] * corr + cs;
+            {
+                cm = sr[jlo];
+                for (int j = jlo + 1; j <= jhi; j++) cm = sr[j] > cm ? sr[j] : cm;
+            }
+            if (mx[r] > cm) cm = mx[r];
+            const float corr = mx[r] == -INFINITY ? 0.0f : expf(sc * (mx[r] - cm));
+            mx[r] = cm;
+#ifdef KV_X86
+            float cs = simd ? exp_sub_sum_avx2(sr + jlo, jhi - jlo + 1, cm, sc)
+                            : exp_sub_sum_scalar(sr + jlo, jhi - jlo + 1, cm, sc);
+#else
+            float cs = exp_sub_sum_scalar(sr + jlo, jhi - jlo + 1, cm, sc);
+#endif
+            sum[r] = sum[r] * corr + cs;
             if (corr != 1.0f)
-                for (int i = 0; i < hdv; i++) acc[h * hdv + i] *= corr;
+                for (int i = 0; i < hdv; i++) acc[r * hdv + i] *= corr;
         }
-        /* V accumulation */
-        for (int j = 0; j < n; j++) {
-            const void *vj = V + (size_t)j * vr;
-            for (int h = 0; h < G; h++) {
 #ifdef KV_X86
-                if (simd)
-                    axpy_v_avx2(acc + h * hdv, vj, vt, s[h * ATT_CHUNK + j], hdv);
-                else
+        if (simd)
+            att_pv_avx2(acc, s, R, hdv, V, vr, vt, n);
+        else
 #endif
-                    axpy_v_scalar(acc + h * hdv, vj, vt, s[h * ATT_CHUNK + j], hdv);
-            }
-        }
+            att_pv_scalar(acc, s, R, hdv, V, vr, vt, n);
         p += n;
     }
 
-    for (int h = 0; h < G; h++) {
-        const int head = g * G + h;
-        if (J->n_split == 1) {
-            float *o = J->out + (t * ap->n_head + head) * (int64_t)hdv;
-            float inv = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;
-            for (int i = 0; i < hdv; i++) o[i] = acc[h * hdv + i] * inv;
-        } else {
-            float *o = J->partial + (((size_t)sp * J->T + t) * ap->n_head + head) * (hdv + 2);
-            memcpy(o, acc + h * hdv, sizeof(float) * hdv);
-            o[hdv] = mx[h];
-            o[hdv + 1] = sum[h];
+    for (int tl = 0; tl < tn; tl++) {
+        const int64_t t = t0 + tl;
+        for (int h = 0; h < G; h++) {
+            const int r = tl * G + h, head = g * G + h;
+            if (J->n_split == 1) {
+                float *o = J->out + (t * ap->n_head + head) * (int64_t)hdv;
+                const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+                for (int i = 0; i < hdv; i++) o[i] = acc[r * hdv + i] * inv;
+            } else {
+                float *o = J->partial + (((size_t)sp * J->T + t) * ap->n_head + head) * (hdv + 2);
+                memcpy(o, acc + r * hdv, sizeof(float) * hdv);
+                o[hdv] = mx[r] * (ap->softcap > 0.0f ? 1.0f : ap->scale); /* max in exp units */
+                o[hdv + 1] = sum[r];
+            }
         }
     }
 }
@@ -513,27 +623,25 @@ static void att_worker(void *arg, int ith, int nth) {
     const att_job *J = arg;
     const kv_attn_params *ap = J->ap;
     float *priv = J->work + (size_t)ith * J->per_thread;
-    const int64_t n_tasks = J->T * ap->n_head_kv * J->n_split;
+    const int64_t n_blocks = (J->T + J->tb - 1) / J->tb;
+    const int64_t n_tasks = n_blocks * ap->n_head_kv * J->n_split;
     for (int64_t task = ith; task < n_tasks; task += nth) {
-        int sp = (int)(task % J->n_split);
-        int64_t rest = task / J->n_split;
-        int g = (int)(rest % ap->n_head_kv);
-        int64_t t = rest / ap->n_head_kv;
-        int qpos = J->pos0 + (int)t;
-        int lo = 0;
-        if (ap->window > 0 && qpos - ap->window + 1 > 0) lo = qpos - ap->window + 1;
-        int nkeys = qpos - lo + 1;
-        int per = (nkeys + J->n_split - 1) / J->n_split;
-        int k0 = lo + sp * per, k1 = k0 + per - 1;
-        if (k1 > qpos) k1 = qpos;
-        att_task(J, priv, t, g, k0, k1, sp); /* empty slice (k0 > k1): sum 0 */
+        const int sp = (int)(task % J->n_split);
+        const int64_t rest = task / J->n_split;
+        const int g = (int)(rest % ap->n_head_kv);
+        /* later blocks (longer key ranges) first spread the work evenly */
+        const int64_t blk = n_blocks - 1 - rest / ap->n_head_kv;
+        const int64_t t0 = blk * J->tb;
+        const int tn = (int)(J->T - t0 < J->tb ? J->T - t0 : J->tb);
+        att_task(J, priv, t0, tn, g, sp);
     }
 }
 
 static void cpu_attention(kv_backend *b, const kv_kvcache *kv, const kv_attn_params *ap,
                           const float *q, int64_t T, int pos0, float *out, float *work) {
     const cpu_ctx *c = b->ctx;
-    att_job J = {c, kv, ap, q, T, pos0, out, work, att_split(c, ap, T), att_thread_floats(ap), NULL};
+    att_job J = {c, kv, ap, q, T, pos0, out, work, att_split(c, ap, T), att_tokens_per_task(ap),
+                 att_thread_floats(ap), NULL};
     J.partial = work + (size_t)c->nth * J.per_thread;
     kv_pool_run(c->pool, att_worker, &J);
     if (J.n_split == 1) return;

@@ -12,7 +12,7 @@
  *       ids (order), their logits (|diff| <= 0.05) and the greedy tokens.
  *   drive_model bench MODEL [threads] [n_prompt 512] [n_gen 128]
  *       prefill n_prompt tokens, then n_gen decode steps at depth 16 and
- *       at depth 1792; prints tokens/s.
+ *       at depth 1792; prints tokens/s. BENCH_DEPTH=D: decode at depth D only.
  */
 #include <math.h>
 #include <stdio.h>
@@ -22,9 +22,13 @@
 
 #include "kvlua.h"
 
+/* Wall clock, or process CPU time with BENCH_CPU=1 (steadier on a busy
+ * machine with 1 thread; with more threads it counts spinning too). */
 static double now(void) {
+    static int cpu = -1;
+    if (cpu < 0) cpu = getenv("BENCH_CPU") != NULL;
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(cpu ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -160,11 +164,14 @@ static int bench(const char *path, int threads, int n_prompt, int n_gen) {
     double tp = now() - t0;
     kv_session_rewind(s, n_prompt);
 
-    int depths[2] = {16, 1792};
-    double dec[2];
-    for (int d = 0; d < 2; d++) {
+    const char *only = getenv("BENCH_DEPTH"); /* one depth only, e.g. for profiling decode */
+    int depths[2] = {only ? atoi(only) : 16, 1792};
+    double dec[2] = {0, 0}, pre[2] = {0, 0};
+    for (int d = 0; d < (only ? 1 : 2); d++) {
         kv_session_rewind(s, kv_session_pos(s));
+        t0 = now();
         kv_session_eval(s, ids, depths[d], KV_LOGITS_LAST, lg, &e);
+        pre[d] = depths[d] / (now() - t0);
         t0 = now();
         for (int i = 0; i < n_gen; i++) {
             int32_t t = argmax(lg, V);
@@ -175,8 +182,9 @@ static int bench(const char *path, int threads, int n_prompt, int n_gen) {
         }
         dec[d] = n_gen / (now() - t0);
     }
-    printf("threads %d: prefill %d: %.1f tok/s; decode %d @16: %.1f tok/s; @1792: %.1f tok/s (%.0f%% of @16)\n",
-           threads, n_prompt, n_prompt / tp, n_gen, dec[0], dec[1], 100 * dec[1] / dec[0]);
+    printf("threads %d: prefill %d: %.1f tok/s; decode %d @%d: %.1f tok/s; @1792: %.1f tok/s (%.0f%% of @16); "
+           "prefill 1792: %.1f tok/s\n",
+           threads, n_prompt, n_prompt / tp, n_gen, depths[0], dec[0], dec[1], 100 * dec[1] / dec[0], pre[1]);
     kv_session_close(s);
     kv_model_close(m);
     free(lg);
