@@ -70,12 +70,22 @@ static uint16_t f32_to_bf16(float f) {
     return (uint16_t)((w + (0x7FFF + ((w >> 16) & 1))) >> 16);
 }
 
-void kv_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
+static void f16_to_f32_row_ref(const uint16_t *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = kv_f16_to_f32(src[i]);
 }
 
-void kv_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
+static void f32_to_f16_row_ref(const float *src, uint16_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = kv_f32_to_f16(src[i]);
+}
+
+static const kv_kernels *kernels(void);
+
+void kv_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
+    kernels()->f16_to_f32_row(src, dst, n);
+}
+
+void kv_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
+    kernels()->f32_to_f16_row(src, dst, n);
 }
 
 #define F16(x) kv_f16_to_f32(x)
@@ -484,7 +494,7 @@ static void q_q6_k(const float *x, kv_block_q6_k *b, int64_t nb) {
 static void quant_ref(int type, const float *src, void *dst, int64_t n) {
     switch (type) {
     case KV_TYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
-    case KV_TYPE_F16: kv_f32_to_f16_row(src, dst, n); break;
+    case KV_TYPE_F16: f32_to_f16_row_ref(src, dst, n); break;
     case KV_TYPE_BF16: {
         uint16_t *d = dst;
         for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
@@ -783,6 +793,8 @@ static void kernels_init(void) {
     g_k.quant[KV_TYPE_Q8_K] = qref_KV_TYPE_Q8_K;
     g_k.tile_rows = 1;
     g_k.tile_toks = 1;
+    g_k.f16_to_f32_row = f16_to_f32_row_ref;
+    g_k.f32_to_f16_row = f32_to_f16_row_ref;
 
     const char *env = getenv("KVLUA_SIMD");
     if (env && strcmp(env, "scalar") == 0) return;

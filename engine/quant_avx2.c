@@ -816,6 +816,25 @@ static KV_AVX2 void quant_q8_k(const float *x, void *dst, int64_t n) {
 }
 
 /* =========================================================================
+ * half rows (F16C; round to nearest even like the scalar code)
+ * ========================================================================= */
+
+static KV_AVX2 void f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = h2f(src[i]);
+}
+
+static KV_AVX2 void f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* =========================================================================
  * install
  * ========================================================================= */
 
@@ -842,6 +861,8 @@ int kv_kernels_avx2(kv_kernels *k) {
     k->tile8[KV_TYPE_Q4_1] = tile8_q4_1;
     k->tile8[KV_TYPE_Q5_0] = tile8_q5_0;
     k->tile8[KV_TYPE_Q5_1] = tile8_q5_1;
+    k->f16_to_f32_row = f16_to_f32_row;
+    k->f32_to_f16_row = f32_to_f16_row;
     k->quant[KV_TYPE_Q8_0] = quant_q8_0;
     k->quant[KV_TYPE_Q8_1] = quant_q8_1;
     k->quant[KV_TYPE_Q8_K] = quant_q8_k;

@@ -99,6 +99,8 @@ typedef struct {
     kv_tile8_fn tile8[64]; /* by weight type, NULL if none */
     kv_quant_fn quant[64]; /* by activation type */
     int tile_rows, tile_toks; /* preferred tile shape (rows x tokens) */
+    void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
+    void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
 } kv_kernels;
 
 /* Fills in the entries this CPU can run faster; returns 1 if it did. */

@@ -104,6 +104,29 @@ static void test_f16(void) {
     for (int i = 0; i < 1000; i++)
         if (hs[i] != kv_f32_to_f16(fs[i]) || f_bits(back[i]) != f_bits(kv_f16_to_f32(hs[i]))) okrow = 0;
     CHECK(okrow, "f16 row conversions");
+    /* the row versions (F16C where available) over all halves and midpoints */
+    static uint16_t all[65536], back16[65536];
+    static float allf[65536], mid[65536];
+    for (uint32_t h = 0; h < 65536; h++) all[h] = (uint16_t)h;
+    kv_f16_to_f32_row(all, allf, 65536);
+    int badrow = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float r = kv_f16_to_f32((uint16_t)h);
+        if (isnan(r) ? !isnan(allf[h]) : f_bits(r) != f_bits(allf[h])) badrow++;
+        mid[h] = (h & 0x7FFF) < 0x7BFF ? (float)((f16_formula((uint16_t)h) + f16_formula((uint16_t)(h + 1))) / 2)
+                                       : r;
+    }
+    CHECK(badrow == 0, "f16->f32 row: %d mismatches", badrow);
+    badrow = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const float *src = pass ? mid : allf;
+        kv_f32_to_f16_row(src, back16, 65536);
+        for (uint32_t h = 0; h < 65536; h++) {
+            if (isnan(src[h])) continue;
+            if (back16[h] != kv_f32_to_f16(src[h])) badrow++;
+        }
+    }
+    CHECK(badrow == 0, "f32->f16 row: %d mismatches", badrow);
     CHECK(kv_bf16_to_f32(0x3F80) == 1.0f && kv_bf16_to_f32(0xC000) == -2.0f, "bf16");
 }
 
