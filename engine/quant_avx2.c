@@ -318,31 +318,51 @@ KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const
             __m256i u = w32_load(WT, W + r * ws, b, &wd[r], &wc[r]);
             _mm256_store_si256((__m256i *)wb[r], u);
         }
+        __m256 d4 = _mm256_setzero_ps(), m4 = d4;
+        if (NR == 4) d4 = w32_scales4(WT, W, ws, b, &m4); /* 4 rows' scales in one convert */
         const uint8_t *xb = xi + b * 256;
         __m256i isum[4], s16[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256(), s16[r] = isum[r];
-#pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
-            __m256i xv = _mm256_load_si256((const __m256i *)(xb + 32 * g));
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                __m256i wv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)(wb[r] + 4 * g)));
-                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wv, xv));
-            }
-            if ((g + 1) % FL == 0) {
+        const uint8_t *wp = &wb[0][0];
+        for (int h = 0; h < 8; h += FL) {
+            /* a rolled loop keeps the 16-bit sums in registers (fully
+             * unrolled, gcc turns the chains into trees and spills) */
+#pragma GCC unroll 2
+            for (int g = h; g < h + FL; g++) {
+                __m256i xv = _mm256_load_si256((const __m256i *)(xb + 32 * g));
 #pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) {
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
-                    s16[r] = _mm256_setzero_si256();
+                    __m256i wv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)(wp + 32 * r + 4 * g)));
+                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wv, xv));
                 }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
+                s16[r] = _mm256_setzero_si256();
             }
         }
         __m256 d8 = _mm256_load_ps(xs8 + b * 16), s8 = _mm256_load_ps(xs8 + b * 16 + 8);
+        const int MIN = WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1;
+        /* offset formats: d * (sum * d8 - off * s8); min formats: d * sum * d8 + m * s8 */
+        __m256 s8o = MIN ? s8 : _mm256_mul_ps(s8, _mm256_set1_ps((float)-W32_OFF(WT)));
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(_mm256_set1_ps(wd[r]), d8), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(wc[r]), s8, acc[r]);
+            __m256 dr, mr;
+            if (NR == 4) {
+                dr = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32(r));
+                mr = _mm256_permutevar8x32_ps(m4, _mm256_set1_epi32(r));
+            } else {
+                dr = _mm256_set1_ps(wd[r]), mr = _mm256_set1_ps(wc[r]);
+            }
+            __m256 v = _mm256_cvtepi32_ps(isum[r]);
+            if (MIN) {
+                acc[r] = _mm256_fmadd_ps(dr, _mm256_mul_ps(v, d8), acc[r]);
+                acc[r] = _mm256_fmadd_ps(mr, s8, acc[r]);
+            } else {
+                acc[r] = _mm256_fmadd_ps(dr, _mm256_fmadd_ps(v, d8, s8o), acc[r]);
+            }
         }
     }
 #pragma GCC unroll 4
