@@ -23,6 +23,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define KV_X86 1
+#define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KV_AVX2_DECL KV_AVX2
 #endif
 
 typedef struct {
@@ -52,6 +54,32 @@ static float *cpu_alloc(kv_backend *b, size_t n) {
 
 static void cpu_free(kv_backend *b, float *p) { free(p); }
 
+/* ---- parallel for: [0, n) split over the pool when there is enough work ---- */
+
+typedef void (*range_fn)(void *arg, int64_t i0, int64_t i1);
+
+typedef struct {
+    range_fn fn;
+    void *arg;
+    int64_t n;
+} par_job;
+
+static void par_worker(void *arg, int ith, int nth) {
+    const par_job *j = arg;
+    int64_t i0 = j->n * ith / nth, i1 = j->n * (ith + 1) / nth;
+    if (i0 < i1) j->fn(j->arg, i0, i1);
+}
+
+/* min_chunk: the least items worth a thread */
+static void par_for(const cpu_ctx *c, int64_t n, int64_t min_chunk, range_fn fn, void *arg) {
+    if (c->nth <= 1 || n < 2 * min_chunk) {
+        fn(arg, 0, n);
+        return;
+    }
+    par_job j = {fn, arg, n};
+    kv_pool_run(c->pool, par_worker, &j);
+}
+
 static size_t cpu_matmul_scratch(kv_backend *b, const kv_weight *w, int64_t T) {
     return kv_matmul_scratch_size(w->type, w->cols, T);
 }
@@ -65,20 +93,34 @@ static void cpu_matmul(kv_backend *b, const kv_weight *w, const float *bias, con
             for (int64_t r = 0; r < w->rows; r++) y[t * ldy + r] += bias[r];
 }
 
-static void cpu_rmsnorm(kv_backend *b, float *y, const float *x, const float *w, int64_t T,
-                        int64_t n, float eps) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *xr = x + t * n; /* (n) */
-        float *yr = y + t * n;       /* (n) */
-        double ss = 0.0;
+typedef struct {
+    float *y;
+    const float *x, *w;
+    int64_t n;
+    float eps;
+} rms_args;
+
+static void rms_rows(void *arg, int64_t t0, int64_t t1) {
+    const rms_args *a = arg;
+    const int64_t n = a->n;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *xr = a->x + t * n; /* (n) */
+        float *yr = a->y + t * n;       /* (n) */
+        double ss = 0.0;                /* float products summed in double, like ggml */
         for (int64_t i = 0; i < n; i++) ss += (double)(xr[i] * xr[i]);
         const float mean = (float)(ss / (double)n);
-        const float sc = 1.0f / sqrtf(mean + eps);
-        if (w)
-            for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * sc * w[i];
+        const float sc = 1.0f / sqrtf(mean + a->eps);
+        if (a->w)
+            for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * sc * a->w[i];
         else
             for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * sc;
     }
+}
+
+static void cpu_rmsnorm(kv_backend *b, float *y, const float *x, const float *w, int64_t T,
+                        int64_t n, float eps) {
+    rms_args a = {y, x, w, n, eps};
+    par_for(b->ctx, T, 4096 / n + 1, rms_rows, &a);
 }
 
 /* cos/sin for T positions: angles theta_i = p * base^(-2i/n_rot), computed
@@ -96,6 +138,37 @@ static void rope_table(float *cs, const kv_rope_params *rp, const int32_t *pos, 
             c[2 * i] = cosf(th);
             c[2 * i + 1] = sinf(th);
             theta *= theta_scale;
+        }
+    }
+}
+
+typedef struct {
+    float *x;
+    const float *cs;
+    int n_head, head_dim, half, mode;
+} rope_args;
+
+/* tokens [t0, t1) with their rows of the cos/sin table */
+static void rope_rows(void *arg, int64_t t0, int64_t t1) {
+    const rope_args *a = arg;
+    const int half = a->half;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *cs = a->cs + t * half * 2;
+        for (int h = 0; h < a->n_head; h++) {
+            float *v = a->x + (t * a->n_head + h) * (int64_t)a->head_dim; /* (head_dim) */
+            if (a->mode == KV_ROPE_NEOX) {
+                for (int i = 0; i < half; i++) {
+                    float p = v[i], d = v[i + half];
+                    v[i] = p * cs[2 * i] - d * cs[2 * i + 1];
+                    v[i + half] = p * cs[2 * i + 1] + d * cs[2 * i];
+                }
+            } else {
+                for (int i = 0; i < half; i++) {
+                    float p = v[2 * i], d = v[2 * i + 1];
+                    v[2 * i] = p * cs[2 * i] - d * cs[2 * i + 1];
+                    v[2 * i + 1] = p * cs[2 * i + 1] + d * cs[2 * i];
+                }
+            }
         }
     }
 }
@@ -128,6 +201,11 @@ static void cpu_rope(kv_backend *b, float *x, int64_t T, int n_head, int head_di
             c->rope_T = -1;
         }
     }
+    if (cached && T > 1) {
+        rope_args a = {x, c->rope_cs, n_head, head_dim, half, rp->mode};
+        par_for(c, T, 8, rope_rows, &a);
+        return;
+    }
     for (int64_t t = 0; t < T; t++) {
         if (cached) {
             cs = c->rope_cs + t * half * 2;
@@ -155,8 +233,19 @@ static void cpu_rope(kv_backend *b, float *x, int64_t T, int n_head, int head_di
     }
 }
 
+typedef struct {
+    float *y;
+    const float *x;
+} add_args;
+
+static void add_range(void *arg, int64_t i0, int64_t i1) {
+    const add_args *a = arg;
+    for (int64_t i = i0; i < i1; i++) a->y[i] += a->x[i];
+}
+
 static void cpu_add(kv_backend *b, float *y, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    add_args a = {y, x};
+    par_for(b->ctx, n, 16384, add_range, &a);
 }
 
 static void cpu_scale(kv_backend *b, float *x, int64_t n, float s) {
@@ -174,8 +263,26 @@ static void silu_mul_avx2(float *gate, const float *up, int64_t n);
 
 /* gate = act(gate) * up. GELU goes through a table of f16 inputs, as
  * llama.cpp's CPU GELU does (input rounded to f16, result stored as f16). */
+static void ffn_act_serial(const cpu_ctx *c, float *gate, const float *up, int64_t n, int act);
+
+typedef struct {
+    const cpu_ctx *c;
+    float *gate;
+    const float *up;
+    int act;
+} act_args;
+
+static void act_range(void *arg, int64_t i0, int64_t i1) {
+    const act_args *a = arg;
+    ffn_act_serial(a->c, a->gate + i0, a->up + i0, i1 - i0, a->act);
+}
+
 static void cpu_ffn_act(kv_backend *b, float *gate, const float *up, int64_t n, int act) {
-    const cpu_ctx *c = b->ctx;
+    act_args a = {b->ctx, gate, up, act};
+    par_for(b->ctx, n, 8192, act_range, &a);
+}
+
+static void ffn_act_serial(const cpu_ctx *c, float *gate, const float *up, int64_t n, int act) {
     if (act == KV_ACT_GELU_TANH) {
         for (int64_t i = 0; i < n; i++) {
             float g = gate[i], y;
@@ -214,28 +321,53 @@ static void cpu_embed(kv_backend *b, const kv_weight *emb, const int32_t *ids, i
                           out + t * emb->cols, emb->cols);
 }
 
-static void store_row(int type, void *dst, const float *src, int n) {
-    if (type == KV_TYPE_F16)
+#ifdef KV_X86
+KV_AVX2_DECL static void f32_to_f16_avx2(uint16_t *dst, const float *src, int n);
+#endif
+
+static void store_row(const cpu_ctx *c, int type, void *dst, const float *src, int n) {
+    if (type == KV_TYPE_F16) {
+#ifdef KV_X86
+        if (c->avx2 && n % 8 == 0) {
+            f32_to_f16_avx2(dst, src, n);
+            return;
+        }
+#endif
         kv_f32_to_f16_row(src, dst, n);
-    else
+    } else {
         memcpy(dst, src, (size_t)n * sizeof(float));
+    }
 }
 
-static void cpu_kv_store(kv_backend *b, kv_kvcache *c, int layer, int pos0, int64_t T,
-                         const float *k, const float *v) {
-    (void)b;
-    int kt = kv_kvcache_ktype(c), vt = kv_kvcache_vtype(c);
+typedef struct {
+    const cpu_ctx *c;
+    kv_kvcache *kv;
+    int layer, pos0;
+    const float *k, *v;
+} store_args;
+
+static void store_range(void *arg, int64_t t0, int64_t t1) {
+    const store_args *a = arg;
+    kv_kvcache *c = a->kv;
+    const int kt = kv_kvcache_ktype(c), vt = kv_kvcache_vtype(c);
     const int hd = kv_kvcache_head_dim(c, false), hdv = kv_kvcache_head_dim(c, true);
     const int n_kv = kv_kvcache_n_head_kv(c);
     for (int h = 0; h < n_kv; h++) {
-        for (int64_t t = 0; t < T; t++) {
+        for (int64_t t = t0; t < t1; t++) {
             int n;
-            uint8_t *kd = kv_kv_span_mut(c, layer, h, pos0 + (int)t, &n, false);
-            uint8_t *vd = kv_kv_span_mut(c, layer, h, pos0 + (int)t, &n, true);
-            store_row(kt, kd, k + (t * n_kv + h) * hd, hd);
-            store_row(vt, vd, v + (t * n_kv + h) * hdv, hdv);
+            uint8_t *kd = kv_kv_span_mut(c, a->layer, h, a->pos0 + (int)t, &n, false);
+            uint8_t *vd = kv_kv_span_mut(c, a->layer, h, a->pos0 + (int)t, &n, true);
+            store_row(a->c, kt, kd, a->k + (t * n_kv + h) * hd, hd);
+            store_row(a->c, vt, vd, a->v + (t * n_kv + h) * hdv, hdv);
         }
     }
+}
+
+/* k (T, n_kv, hd) and v (T, n_kv, hdv) into the cache rows of pos0.. */
+static void cpu_kv_store(kv_backend *b, kv_kvcache *c, int layer, int pos0, int64_t T,
+                         const float *k, const float *v) {
+    store_args a = {b->ctx, c, layer, pos0, k, v};
+    par_for(b->ctx, T, 16, store_range, &a);
 }
 
 static bool cpu_all_finite(kv_backend *b, const float *x, int64_t n) {
@@ -258,7 +390,6 @@ static void axpy_v_scalar(float *acc, const void *vrow, int vtype, float p, int 
 }
 
 #ifdef KV_X86
-#define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 KV_AVX2 static inline float hsum256(__m256 v) {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -315,6 +446,12 @@ KV_AVX2 static float max_avx2(const float *x, int n) {
     }
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
+}
+
+/* n % 8 == 0 */
+KV_AVX2 static void f32_to_f16_avx2(uint16_t *dst, const float *src, int n) {
+    for (int i = 0; i < n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
 }
 
 /* y(n) = x rounded to f16 and back; n % 8 == 0 */
