@@ -83,6 +83,83 @@ function T.llama(o)
   return T.write((T.llama_bytes(o)))
 end
 
+-- A tiny llama whose matrices (attention, FFN, output) are quantized:
+-- o.qtype = "Q8_0" | "Q4_0" | "Q4_1" | "Q5_0" | "Q5_1" (default Q8_0), random blocks
+-- with small power-of-two scales; embeddings and norms stay F32. Row
+-- lengths must be multiples of 32: defaults n_embd 64, n_ff 128.
+local function f16_pow2(e, negative) -- bits of +-2^e as an IEEE half (normal range)
+  return ((e + 15) << 10) | (negative and 0x8000 or 0)
+end
+
+function T.llama_quant_bytes(o)
+  o = o or {}
+  local qtype = o.qtype or "Q8_0"
+  local args = { n_layer = 2, n_embd = 64, n_head = 4, n_head_kv = 2, n_ff = 128, n_vocab = 64,
+    seed = 1, n_ctx = 512 }
+  for k, v in pairs(o) do
+    if k ~= "qtype" then args[k] = v end
+  end
+  local src = W.tiny_llama(args) -- for its metadata and F32 tensors
+  local w = W.new()
+  w.kvs, w.n_kv = src.kvs, src.n_kv
+  local x = (args.seed or 1) * 2654435761 % 4294967296 + 1
+  local function byte()
+    x = (x * 1103515245 + 12345) % 2147483648
+    return (x >> 16) & 0xFF
+  end
+  local function blocks(n_elems)
+    local out = {}
+    for b = 1, n_elems // 32 do
+      local e = -11 - byte() % 3 -- scale 2^-11 .. 2^-13 (Q8_0), shifted for 4/5-bit types
+      local qs = {}
+      if qtype == "Q8_0" then
+        for i = 1, 32 do qs[i] = string.pack("<i1", byte() - 128) end
+        out[b] = string.pack("<I2", f16_pow2(e)) .. table.concat(qs)
+      else
+        for i = 1, 16 do qs[i] = string.char(byte()) end
+        local d = string.pack("<I2", f16_pow2(e + 3))
+        if qtype == "Q4_0" then
+          out[b] = d .. table.concat(qs)
+        elseif qtype == "Q4_1" then
+          out[b] = d .. string.pack("<I2", f16_pow2(e + 5, true)) .. table.concat(qs)
+        elseif qtype == "Q5_0" then
+          out[b] = d .. string.char(byte(), byte(), byte(), byte()) .. table.concat(qs)
+        elseif qtype == "Q5_1" then
+          out[b] = d .. string.pack("<I2", f16_pow2(e + 6, true)) .. string.char(byte(), byte(), byte(), byte())
+            .. table.concat(qs)
+        else
+          error("tiny_models: qtype " .. qtype)
+        end
+      end
+    end
+    return table.concat(out)
+  end
+  local quantized = { attn_q = 1, attn_k = 1, attn_v = 1, attn_output = 1, ffn_gate = 1, ffn_up = 1,
+    ffn_down = 1, output = 1 }
+  -- re-emit every tensor of the F32 model, quantizing the matrices
+  for _, info in ipairs(src.infos) do
+    local name, p = string.unpack("<s8", info)
+    local n_dims
+    n_dims, p = string.unpack("<I4", info, p)
+    local ne = {}
+    for d = 1, n_dims do ne[d], p = string.unpack("<i8", info, p) end
+    local base = name:match("([%w_]+)%.weight$")
+    if n_dims == 2 and quantized[base] then
+      w:tensor(name, qtype, ne, blocks(ne[1] * ne[2]))
+    else
+      local off = select(2, string.unpack("<I4i8", info, p))
+      for _, d in ipairs(src.data) do
+        if d[1] == off then w:tensor(name, "F32", ne, d[2]) end
+      end
+    end
+  end
+  return w:bytes(), w
+end
+
+function T.llama_quant(o)
+  return T.write((T.llama_quant_bytes(o)))
+end
+
 -- A GGUF holding only a tokenizer (the bytes vocabulary), no tensors.
 function T.vocab_only()
   local tokens, tt = T.byte_vocab()
