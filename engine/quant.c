@@ -939,10 +939,11 @@ static void mm_rows(mm_job *j, int64_t r0, int64_t r1) {
     int64_t t = 0;
     if (j->xi) {
         kv_tile8_fn t8 = j->k->tile8[j->wtype];
-        int64_t nb = j->K / 32;
-        for (; t + 8 <= j->T; t += 8)
-            t8(j->K, j->W + r0 * j->ws, j->ws, (int)(r1 - r0), j->xi + (t / 8) * nb * 256,
-               j->xs8 + (t / 8) * nb * 16, j->y + t * j->ldy + r0, j->ldy);
+        int ng = (int)(j->T / 8);
+        if (ng > 0)
+            t8(j->K, j->W + r0 * j->ws, j->ws, (int)(r1 - r0), j->xi, j->xs8, ng,
+               j->y + r0, j->ldy);
+        t = (int64_t)ng * 8;
     }
     for (; t < j->T; t += tt) {
         int nt = (int)(j->T - t < tt ? j->T - t : tt);

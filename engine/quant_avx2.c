@@ -373,22 +373,121 @@ KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const
     }
 }
 
+/* NR rows x 16 tokens (two consecutive 8-token groups): each broadcast weight
+ * group serves 16 tokens and the block overhead is paid once per 16. */
+KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,
+                   const float *xs8, float *y, int64_t ldy) {
+    const int FL = (WT == KV_TYPE_Q5_0 || WT == KV_TYPE_Q5_1) ? 4 : 8;
+    const int MIN = WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2][2];
+    _Alignas(32) uint8_t wb[2][32];
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const uint8_t *xi1 = xi + nb * 256;
+    const float *xs1 = xs8 + nb * 16;
+    for (int64_t b = 0; b < nb; b++) {
+        float wd[2], wc[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) {
+            __m256i u = w32_load(WT, W + r * ws, b, &wd[r], &wc[r]);
+            _mm256_store_si256((__m256i *)wb[r], u);
+        }
+        const uint8_t *xb0 = xi + b * 256, *xb1 = xi1 + b * 256, *wp = &wb[0][0];
+        __m256i isum[2][2], s16[2][2];
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++)
+            isum[r][0] = isum[r][1] = s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+        for (int h = 0; h < 8; h += FL) {
+#pragma GCC unroll 2
+            for (int g = h; g < h + FL; g++) {
+                __m256i x0 = _mm256_load_si256((const __m256i *)(xb0 + 32 * g));
+                __m256i x1 = _mm256_load_si256((const __m256i *)(xb1 + 32 * g));
+#pragma GCC unroll 2
+                for (int r = 0; r < NR; r++) {
+                    __m256i wv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)(wp + 32 * r + 4 * g)));
+                    s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(wv, x0));
+                    s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(wv, x1));
+                }
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < NR; r++)
+#pragma GCC unroll 2
+                for (int k = 0; k < 2; k++) {
+                    isum[r][k] = _mm256_add_epi32(isum[r][k], _mm256_madd_epi16(s16[r][k], ones));
+                    s16[r][k] = _mm256_setzero_si256();
+                }
+        }
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; k++) {
+            const float *f = (k ? xs1 : xs8) + b * 16;
+            __m256 d8 = _mm256_load_ps(f), s8 = _mm256_load_ps(f + 8);
+            __m256 s8o = MIN ? s8 : _mm256_mul_ps(s8, _mm256_set1_ps((float)-W32_OFF(WT)));
+#pragma GCC unroll 2
+            for (int r = 0; r < NR; r++) {
+                __m256 v = _mm256_cvtepi32_ps(isum[r][k]);
+                __m256 dr = _mm256_set1_ps(wd[r]);
+                if (MIN) {
+                    acc[r][k] = _mm256_fmadd_ps(dr, _mm256_mul_ps(v, d8), acc[r][k]);
+                    acc[r][k] = _mm256_fmadd_ps(_mm256_set1_ps(wc[r]), s8, acc[r][k]);
+                } else {
+                    acc[r][k] = _mm256_fmadd_ps(dr, _mm256_fmadd_ps(v, d8, s8o), acc[r][k]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; k++) {
+            _Alignas(32) float o[8];
+            _mm256_store_ps(o, acc[r][k]);
+            for (int t = 0; t < 8; t++) y[(8 * k + t) * ldy + r] = o[t];
+        }
+}
+
 #define TILE8_FNS(NAME, WT)                                                                        \
     static KV_AVX2 void NAME##_4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,      \
                                  const float *xs8, float *y, int64_t ldy) {                         \
-        tile8(WT, 4, nb, W, ws, xi, xs8, y, ldy);                                                 \
+        tile8(WT, 4, nb, W, ws, xi, xs8, y, ldy);                                                   \
     }                                                                                               \
     static KV_AVX2 void NAME##_1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,      \
                                  const float *xs8, float *y, int64_t ldy) {                         \
         tile8(WT, 1, nb, W, ws, xi, xs8, y, ldy);                                                   \
     }                                                                                               \
+    static KV_AVX2 void NAME##_16x2(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,   \
+                                    const float *xs8, float *y, int64_t ldy) {                      \
+        tile16(WT, 2, nb, W, ws, xi, xs8, y, ldy);                                                  \
+    }                                                                                               \
+    static KV_AVX2 void NAME##_16x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,   \
+                                    const float *xs8, float *y, int64_t ldy) {                      \
+        tile16(WT, 1, nb, W, ws, xi, xs8, y, ldy);                                                  \
+    }                                                                                               \
     static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *xi,    \
-                             const float *xs8, float *y, int64_t ldy) {                             \
+                             const float *xs8, int ng, float *y, int64_t ldy) {                     \
         int64_t nb = K / 32;                                                                        \
-        int r = 0;                                                                                  \
-        for (; r + 4 <= nr; r += 4) NAME##_4(nb, W + r * ws, ws, xi, xs8, y + r, ldy);         \
-        for (; r < nr; r++) NAME##_1(nb, W + r * ws, ws, xi, xs8, y + r, ldy);                      \
+        int G = 0;                                                                                  \
+        for (; KV_T16 && G + 2 <= ng; G += 2) {                                                     \
+            const uint8_t *xg = xi + G * nb * 256;                                                  \
+            const float *fg = xs8 + G * nb * 16;                                                    \
+            float *yg = y + (int64_t)G * 8 * ldy;                                                   \
+            int r = 0;                                                                              \
+            for (; r + 2 <= nr; r += 2) NAME##_16x2(nb, W + r * ws, ws, xg, fg, yg + r, ldy);       \
+            for (; r < nr; r++) NAME##_16x1(nb, W + r * ws, ws, xg, fg, yg + r, ldy);               \
+        }                                                                                           \
+        for (; G < ng; G++) {                                                                       \
+            const uint8_t *xg = xi + G * nb * 256;                                                  \
+            const float *fg = xs8 + G * nb * 16;                                                    \
+            float *yg = y + (int64_t)G * 8 * ldy;                                                   \
+            int r = 0;                                                                              \
+            for (; r + 4 <= nr; r += 4) NAME##_4(nb, W + r * ws, ws, xg, fg, yg + r, ldy);          \
+            for (; r < nr; r++) NAME##_1(nb, W + r * ws, ws, xg, fg, yg + r, ldy);                  \
+        }                                                                                           \
     }
+
+#ifndef KV_T16
+#define KV_T16 1
+#endif
 
 TILE8_FNS(tile8_q4_0, KV_TYPE_Q4_0)
 TILE8_FNS(tile8_q4_1, KV_TYPE_Q4_1)

@@ -89,9 +89,10 @@ typedef void (*kv_quant_fn)(const float *src, void *dst, int64_t n);
  *   xi[(G * nb + b) * 256 + 32 g + 4 t + k] = q of token 8G + t, element 32 b + 4 g + k
  * and 16 floats: the 8 tokens' block scales d, then their d * sum(q):
  *   xs8[(G * nb + b) * 16 + t], xs8[(G * nb + b) * 16 + 8 + t]
- * tile8: y[t * ldy + r] for r < nr, t < 8, group pointers already offset. */
+ * tile8: y[t * ldy + r] for r < nr, t < 8 * ng: ng consecutive groups,
+ * xi / xs8 / y pointing at the first one. */
 typedef void (*kv_tile8_fn)(int64_t K, const uint8_t *W, size_t wstride, int nr,
-                            const uint8_t *xi, const float *xs8, float *y, int64_t ldy);
+                            const uint8_t *xi, const float *xs8, int ng, float *y, int64_t ldy);
 
 typedef struct {
     kv_dot_fn dot[64];   /* by weight type */
