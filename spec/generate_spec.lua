@@ -317,6 +317,20 @@ describe("misuse raises", function()
     assert.has_error(function() s:generate { sampler = 1 } end)
   end)
 
+  it("a prompt that is neither text nor an array of ids", function()
+    local s = session()
+    assert.has_error(function() s:generate { prompt = 5 } end)
+    assert.has_error(function() s:generate { prompt = true } end)
+    assert.has_error(function() s:generate { prompt = { "a", "b" } } end)
+  end)
+
+  it("an on_token that is not a function (at the latest on the first step)", function()
+    local s = session()
+    assert.has_error(function()
+      for _ in s:generate { on_token = 5, max_tokens = 2 } do end
+    end)
+  end)
+
   it("a session without logits and no prompt", function()
     local s = assert(model:session { ctx = 16 })
     assert.has_error(function() s:generate { max_tokens = 2 } end)
