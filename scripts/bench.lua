@@ -38,7 +38,9 @@ local function ids(n, seed)
   local t, x = {}, seed or 88172645463325252
   for i = 1, n do
     x = x ~ (x << 13); x = x ~ (x >> 7); x = x ~ (x << 17)
-    t[i] = math.tointeger((x >> 1) % (n_vocab - 256)) + 100
+    -- skip the first ids (often control tokens) when the vocabulary is large
+    local low = n_vocab > 1024 and 256 or 0
+    t[i] = math.tointeger((x >> 1) % (n_vocab - low)) + low
   end
   return t
 end

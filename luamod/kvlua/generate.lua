@@ -7,7 +7,7 @@
 --                            sampler = sampling.chain{...}, stop = {"\n\n"} } do
 --     io.write(piece)
 --   end
---   print(s:stats().finish_reason)
+--   print(s.finish_reason)
 --
 -- Options:
 --   prompt      string (tokenized; BOS added when the session is empty) or an
