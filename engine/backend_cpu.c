@@ -511,10 +511,10 @@ typedef struct {
 } att_job;
 
 /* Floats of per-thread scratch for R rows: qf (R, hd), acc (R, hdv),
- * s (R, ATT_CHUNK), m, l (R), kf (hd), row ranges (2R). */
+ * s (R, ATT_CHUNK), m, l (R), row ranges (2R), kf (hd, 8) (K rows, transposed). */
 static size_t att_thread_floats(const kv_attn_params *ap) {
     size_t R = (size_t)(ap->n_head / ap->n_head_kv) * att_tokens_per_task(ap);
-    size_t n = R * ap->head_dim + R * ap->head_dim_v + R * ATT_CHUNK + 4 * R + ap->head_dim;
+    size_t n = R * ap->head_dim + R * ap->head_dim_v + R * ATT_CHUNK + 4 * R + 8 * (size_t)ap->head_dim;
     return (n + 15) & ~(size_t)15;
 }
 
@@ -563,10 +563,67 @@ static void att_pv_scalar(float *acc, const float *p, int R, int hdv, const uint
 }
 
 #ifdef KV_X86
+/* 8x8 transpose of r[0..8) (row k, lane d) -> (row d, lane k) */
+KV_AVX2 static inline void transpose8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* Scores of 8 keys at once for many rows: the 8 K rows are transposed to
+ * kT (hd, 8) so each row's 8 scores come out of plain FMAs, no horizontal
+ * sums. s points at column j0 of S (R, ATT_CHUNK). hd % 8 == 0. */
+KV_AVX2 static void att_scores8_avx2(float *s, const float *qf, int R, int hd, const uint8_t *K,
+                                     size_t kr, int kt, float *kT) {
+    for (int i0 = 0; i0 < hd; i0 += 8) {
+        __m256 r[8];
+        for (int k = 0; k < 8; k++) {
+            const uint8_t *row = K + (size_t)k * kr;
+            r[k] = kt == KV_TYPE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i0)))
+                                     : _mm256_loadu_ps((const float *)row + i0);
+        }
+        transpose8(r);
+        for (int d = 0; d < 8; d++) _mm256_storeu_ps(kT + (size_t)(i0 + d) * 8, r[d]);
+    }
+    for (int rr = 0; rr < R; rr++) {
+        const float *q = qf + (size_t)rr * hd;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (int i = 0; i < hd; i += 4) {
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + i), _mm256_loadu_ps(kT + (size_t)i * 8), a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + i + 1), _mm256_loadu_ps(kT + (size_t)(i + 1) * 8), a1);
+            a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + i + 2), _mm256_loadu_ps(kT + (size_t)(i + 2) * 8), a2);
+            a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + i + 3), _mm256_loadu_ps(kT + (size_t)(i + 3) * 8), a3);
+        }
+        _mm256_storeu_ps(s + (size_t)rr * ATT_CHUNK, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    }
+}
+
 /* hd % 8 == 0 */
 KV_AVX2 static void att_scores_avx2(float *s, const float *qf, int R, int hd, const uint8_t *K,
                                     size_t kr, int kt, int n, float *kf) {
-    for (int j = 0; j < n; j++) {
+    int j = 0;
+    if (R >= 4) { /* enough rows to pay for the transposes */
+        for (; j + 8 <= n; j += 8) {
+            for (int k = 0; k < 8; k++)
+                for (size_t o = 0; o < kr; o += 64)
+                    _mm_prefetch((const char *)K + (size_t)(j + k + ATT_CHUNK) * kr + o, _MM_HINT_T0);
+            att_scores8_avx2(s + j, qf, R, hd, K + (size_t)j * kr, kr, kt, kf);
+        }
+    }
+    for (; j < n; j++) {
         const void *kj = K + (size_t)j * kr;
         const float *k = kj;
         /* the next chunk's rows: keep several memory reads in flight */
@@ -634,7 +691,7 @@ static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, i
     float *mx = s + R * ATT_CHUNK; /* (R) running max */
     float *sum = mx + R;           /* (R) running sum */
     float *lo = sum + R, *hi = lo + R; /* (R) visible key range of each row (as floats) */
-    float *kf = hi + R;            /* (hd) one K row in f32 */
+    float *kf = hi + R;            /* (hd, 8) K rows in f32 */
 #ifdef KV_X86
     const bool simd = J->c->avx2 && hd % 8 == 0 && hdv % 8 == 0;
 #else

@@ -73,7 +73,8 @@ static int check(const char *path, const char *cases, int threads) {
     float *lg = malloc(sizeof(float) * V);
     static fixture fx;
     int n_ok = 0, n_bad = 0;
-    double worst = 0;
+    double worst = 0, dsum = 0;
+    int dn = 0;
     char tag[32];
     while (fscanf(f, "%31s %63s", tag, fx.name) == 2) {
         if ((fx.n_ids = read_list(f, "ids", 4096, fx.ids, false)) < 0 ||
@@ -108,6 +109,8 @@ static int check(const char *path, const char *cases, int threads) {
             if (mine[k] != fx.top[k]) order_ok = 0;
             double d = fabs(lg[fx.top[k]] - fx.topl[k]);
             if (d > maxd) maxd = d;
+            dsum += d;
+            dn++;
         }
         if (maxd > worst) worst = maxd;
         /* greedy */
@@ -131,7 +134,7 @@ static int check(const char *path, const char *cases, int threads) {
         printf("\n");
         kv_session_close(s);
     }
-    printf("%d ok, %d differ; worst top-10 |dlogit| %.4f\n", n_ok, n_bad, worst);
+    printf("%d ok, %d differ; top-10 |dlogit| worst %.4f, mean %.4f\n", n_ok, n_bad, worst, dn ? dsum / dn : 0.0);
     fclose(f);
     free(lg);
     kv_model_close(m);
