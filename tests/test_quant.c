@@ -315,11 +315,14 @@ static void test_matmul(void) {
         if (kv_pool_create(p + 1, &pools[p], &e) != KV_OK) { CHECK(0, "pool: %s", e.msg); return; }
     for (int ti = 0; ti < N_WTYPES; ti++) {
         int wt = k_wtypes[ti], vt = kv_vec_dot_type(wt);
-        int64_t K = blck(wt) == 256 ? 512 : 96;
-        size_t wrs = kv_row_size(wt, K), xrs = kv_row_size(vt, K);
         int bad = 0, cases = 0;
+        for (int ki = 0; ki < 2; ki++)
         for (size_t ri = 0; ri < sizeof Rs / sizeof Rs[0]; ri++) {
+            /* short rows, and rows as long as the real models' (many blocks) */
+            int64_t K = blck(wt) == 256 ? (ki ? 2048 : 512) : (ki ? 576 : 96);
+            size_t wrs = kv_row_size(wt, K), xrs = kv_row_size(vt, K);
             int rows = Rs[ri];
+            if (ki && rows > 17) continue;
             float *wf = xmalloc((size_t)rows * K * 4), *wd = xmalloc((size_t)rows * K * 4);
             uint8_t *W = xmalloc(wrs * rows);
             for (int64_t i = 0; i < rows * K; i++) wf[i] = nrand() * (1 + (i / K) % 3);
