@@ -834,6 +834,16 @@ int kv_quantize_row(int type, const float *src, void *dst, int64_t n) {
 
 /* =========================================================================
  * matrix product
+ *
+ * 1. x (T, K) is quantized once to the dot type (threads split the tokens
+ *    when T is large), with a float side table of block scales and sums,
+ *    and, for weight types with a tile8 kernel and T >= 8, an 8-token
+ *    interleaved copy (see quant_impl.h).
+ * 2. Output rows are cut into chunks (about 4 per thread, at most ~256 KiB
+ *    of weights when T > 1 so a chunk stays in L2 while all tokens pass over
+ *    it), handed out through an atomic counter.
+ * 3. Each chunk runs the tile kernels: 8/16-token tiles over the whole
+ *    chunk, then tile_rows x tile_toks tiles for the remaining tokens.
  * ========================================================================= */
 
 #define SCRATCH_ALIGN 64

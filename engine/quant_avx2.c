@@ -5,12 +5,22 @@
  * compiled with -mavx2, so the library still loads on older CPUs;
  * kv_kernels_avx2() checks the CPU before installing anything.
  *
- * Shapes: a "tile" is NR weight rows x NT tokens; each weight block is
- * unpacked once and used for NT tokens, each activation block loaded once
- * per NR rows (the prefill path). With NT = 1 the same code is the decode
- * path. The integer products use maddubs (u8 x s8 -> s16 pairs) then madd
- * with ones (-> s32), and one float FMA per block with the product of the
- * two block scales.
+ * 32-element formats (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0) against Q8_0 / Q8_1:
+ *   - decode (1 token): tile32r4, 4 weight rows folded into one vector
+ *     ([r0 r1 r2 r3 | r0 r1 r2 r3] int32), so one convert and one FMA serve
+ *     4 rows; the next row group is prefetched.
+ *   - prefill, 8 or 16 tokens: tile8 / tile16 on the interleaved layout
+ *     (quant_impl.h): 4 weight quants are broadcast and multiplied with 8
+ *     tokens' 4 quants at once; lanes are tokens, so no horizontal sums.
+ *     (4/5-bit formats; Q8_0 uses tile32x4, 4 tokens folded by hadd.)
+ *   The 4/5-bit quants stay unsigned (maddubs takes u8 x s8); their offset
+ *   (-8, -16) or min is applied with the activation block sums of the side
+ *   table. The integer products use maddubs (u8 x s8 -> s16 pairs) and
+ *   madd with ones (-> s32), and one float FMA per block with the product
+ *   of the two block scales.
+ * K-quants (Q4_K Q5_K Q6_K) against Q8_K: 1 row x 4 tokens (or 1); Q6_K's
+ *   -32 and the K4 mins go through the Q8_K bsums.
+ * Float weights (F32 F16 BF16) against F32: FMA loops.
  *
  * The activation quantizers reproduce the scalar ones byte for byte
  * (roundf's ties-away-from-zero is rebuilt from truncation), so the fast
