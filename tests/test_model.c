@@ -700,6 +700,12 @@ int main(void) {
     c.n_kv = 2;
     check_forward("gemma3 default pattern gqa", c, 9, 2e-3);
 
+    c = base_gemma();
+    c.window = 50;
+    c.n_layer = 2;
+    c.swa_pattern = 2;
+    check_forward("gemma3 window 50 across prefill chunks", c, KV_CHUNK + 42, 3e-3);
+
     check_sessions();
     check_threads();
     check_types();
