@@ -980,7 +980,8 @@ void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
     int vt = kv_vec_dot_type(wtype);
     if (vt < 0 || rows <= 0 || T <= 0 || K <= 0 || !k->tile[wtype]) return;
     size_t xs = kv_row_size(vt, K), ws = kv_row_size(wtype, K);
-    if (xs == 0 || ws == 0) return;
+    if (xs == 0 || ws == 0 || !W || !x || !y || (T > 1 && ldy < rows)) return;
+    if (vt != KV_TYPE_F32 && !scratch) return;
     int nth = pool ? kv_pool_size(pool) : 1;
 
     mm_job j;
