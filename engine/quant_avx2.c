@@ -968,6 +968,9 @@ static KV_AVX2 void f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
  * ========================================================================= */
 
 int kv_kernels_avx2(kv_kernels *k) {
+#ifdef KV_NO_AVX2_KERNELS /* build option: the portable kernels only */
+    return 0;
+#endif
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
     /* F16C has no __builtin_cpu_supports name in older compilers: CPUID.1:ECX bit 29 */
