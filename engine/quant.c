@@ -967,7 +967,10 @@ static void mm_rows(mm_job *j, int64_t r0, int64_t r1) {
 
 static void mm_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    for (int64_t c = ith; c < j->nchunks; c = atomic_fetch_add(&j->next, 1)) {
+    /* every chunk from the shared counter: a thread that starts late finds
+     * the work done instead of holding a chunk of its own */
+    (void)ith, (void)nth;
+    for (int64_t c = atomic_fetch_add(&j->next, 1); c < j->nchunks; c = atomic_fetch_add(&j->next, 1)) {
         int64_t r0 = c * j->chunk, r1 = r0 + j->chunk;
         if (r1 > j->rows) r1 = j->rows;
         mm_rows(j, r0, r1);
@@ -1018,9 +1021,8 @@ void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
     chunk = (chunk + tr - 1) / tr * tr;
     j.chunk = chunk;
     j.nchunks = (rows + chunk - 1) / chunk;
-    int run_nth = (nth > 1 && j.nchunks > 1) ? nth : 1;
-    atomic_init(&j.next, run_nth);
-    if (run_nth > 1)
+    atomic_init(&j.next, 0);
+    if (nth > 1 && j.nchunks > 1)
         kv_pool_run(pool, mm_task, &j);
     else
         mm_task(&j, 0, 1);
