@@ -2,13 +2,21 @@
  * backend_cpu.c — the CPU implementation of backend.h.
  *
  * Projections go to kv_matmul (quant.h), which quantizes activations and
- * threads over the pool. Attention is here: one task per (query token, KV
- * head group [, slice of keys]), so all query heads sharing a KV head read
- * each K/V row once; keys are processed in chunks with an online softmax
- * (running max and sum per head), and for decode (few query rows) the key
- * range is split over the threads and the partial softmaxes merged. K/V
- * rows are read only through kv_kv_span. The f16 K.q dot product, the V
- * accumulation and exp have AVX2/FMA/F16C versions picked at run time, with
+ * threads over the pool. Elementwise ops (norms, RoPE, residuals, FFN
+ * activation, KV store) split their rows over the pool when a prefill chunk
+ * makes it worth it. Numerics follow llama.cpp's CPU path where it is cheap
+ * to: RoPE angles by repeated float multiplication, RMS sums in double,
+ * GELU through a table of f16 inputs, Q rounded to the K type before q.k.
+ *
+ * Attention: one task per (block of query tokens, KV head [, slice of
+ * keys]); its rows are (token, query head of that KV group), about 16, so
+ * each K/V row read from the cache serves all of them. Keys go by chunks of
+ * 64: scores (8 keys at a time through a transposed K block when there are
+ * 4+ rows), an online softmax (running max and sum per row), then P.V with
+ * the rows' accumulators held in registers. For decode (few rows) the key
+ * range is split into ATT_SPLIT slices whose partial softmaxes are merged,
+ * independently of the thread count. K/V rows are read only through
+ * kv_kv_span. Kernels have AVX2/FMA/F16C versions picked at run time and
  * portable fallbacks (KVLUA_SIMD=scalar forces those).
  */
 #include "backend.h"
