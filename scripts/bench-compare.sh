@@ -2,13 +2,13 @@
 # Compare kvlua with llama.cpp on the benchmark models.
 #
 #   scripts/bench-compare.sh [-r REPS] [-t THREADS] [-m "smollm2 synth-..."]
-#                            [-x "EXTRA ARGS"] [-o results.jsonl]
+#                            [-x "EXTRA ARGS"] [-b llama-cpp-python|xllamacpp] [-o results.jsonl]
 #
 # For each model, runs `lua5.4 scripts/bench.lua --model M --threads T --reps 1
 # --json EXTRA` (when scripts/bench.lua exists) and `python3 scripts/ref/bench_ref.py
 # M --threads T --reps 1 --json EXTRA` alternately, REPS times (default 3), so
 # both engines see the same machine load; EXTRA (e.g. "--decode 16 --depth 16,512")
-# goes to both. Collects the JSON
+# goes to both; -b picks the llama.cpp package that bench_ref.py times. Collects the JSON
 # objects in a JSON-lines file and prints medians and kvlua / llama.cpp ratios
 # (scripts/ref/bench_table.py). Models (default): the real SmolLM2 Q4_1 and the
 # four synthetic files of scripts/make-synthetic.py (created if missing).
@@ -22,13 +22,15 @@ threads=2
 models="smollm2 synth-smollm2-135m-Q4_0 synth-smollm2-135m-Q8_0 synth-llama32-1b-Q4_0 synth-llama32-1b-Q8_0"
 out=""
 extra=""
-while getopts "r:t:m:o:x:h" opt; do
+backend="llama-cpp-python"
+while getopts "r:t:m:o:x:b:h" opt; do
   case "$opt" in
     r) reps="$OPTARG" ;;
     t) threads="$OPTARG" ;;
     m) models="$OPTARG" ;;
     o) out="$OPTARG" ;;
     x) extra="$OPTARG" ;;
+    b) backend="$OPTARG" ;;
     *) sed -n '2,15p' "$0"; exit 2 ;;
   esac
 done
@@ -66,7 +68,7 @@ for name in $models; do
         echo "bench-compare: kvlua run $r on $name failed" >&2
       fi
     fi
-    if j="$(python3 scripts/ref/bench_ref.py "$path" --threads "$threads" --reps 1 --json $extra | last_json)" && [ -n "$j" ]; then
+    if j="$(python3 scripts/ref/bench_ref.py "$path" --threads "$threads" --reps 1 --json --backend "$backend" $extra | last_json)" && [ -n "$j" ]; then
       record llama.cpp "$name" "$j"
     else
       echo "bench-compare: llama.cpp run $r on $name failed" >&2

@@ -17,6 +17,10 @@ logits row. Prompt tokens: tests/data/public-domain.txt tokenized (repeated if
 needed). One untimed warm-up (32-token prefill, 4 decode steps) runs first; with
 --reps N every figure is the median of N repetitions. OMP_WAIT_POLICY defaults
 to PASSIVE (see refimpl.py). Prints one JSON object with --json.
+
+--backend xllamacpp times the xllamacpp build instead (an in-process llama-server
+with its own thread pool): prefill and TTFT from the server's prompt_ms, decode
+from predicted_ms of a 64-token greedy completion, ITL from streamed arrivals.
 """
 
 import argparse
@@ -104,6 +108,66 @@ def bench(path, threads, n_decode, reps=1, prefills=PREFILL_SIZES, depths=DECODE
     }
 
 
+def bench_xllamacpp(path, threads, n_decode, reps=1, prefills=PREFILL_SIZES, depths=DECODE_DEPTHS):
+    """The same figures from xllamacpp (llama-server in process): prefill from the server's
+    own prompt_ms; decode from predicted_ms of a greedy completion; ITL from the arrival
+    times of the streamed tokens at the first depth (HTTP overhead included, ~0.1 ms)."""
+    import urllib.request
+    import xlref
+    n_ctx = max(N_CTX, max(depths) + n_decode + 16)
+    t0 = time.perf_counter()
+    xl = xlref.XlRef(path, n_ctx=n_ctx, n_threads=threads)
+    load_s = time.perf_counter() - t0
+    tok = refimpl.Ref(path, n_ctx=64, n_threads=1, n_batch=64)
+    toks = prompt_tokens(tok, max(max(prefills), max(depths) + n_decode))
+    tok.close()
+    greedy = {"temperature": 0.0, "top_k": 1, "samplers": ["top_k"], "ignore_eos": True,
+              "cache_prompt": False, "repeat_penalty": 1.0}
+    xl._post("/completion", dict(greedy, prompt=toks[:32], n_predict=4))   # warm-up
+    pre, ttft, dec, itl_first = {}, {}, {}, []
+    for _ in range(reps):
+        for n in prefills:
+            tm = xl._post("/completion", dict(greedy, prompt=toks[:n], n_predict=1))["timings"]
+            pre.setdefault(n, []).append(n / (tm["prompt_ms"] / 1e3))
+            ttft.setdefault(n, []).append(tm["prompt_ms"])
+        for d in depths:
+            body = dict(greedy, prompt=toks[:d], n_predict=n_decode, stream=True)
+            req = urllib.request.Request(xl.addr + "/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            arrivals, timings = [], None
+            with urllib.request.urlopen(req, timeout=3600) as f:
+                for line in f:
+                    line = line.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    ev = json.loads(line[5:])
+                    if ev.get("tokens"):
+                        arrivals.append(time.perf_counter())
+                    if ev.get("timings"):
+                        timings = ev["timings"]
+            # first arrival = first sampled token (after the prefill); n_decode - 1 decode steps follow
+            dec.setdefault(d, []).append(timings["predicted_n"] / (timings["predicted_ms"] / 1e3)
+                                         if timings and timings.get("predicted_ms") else float("nan"))
+            if d == depths[0]:
+                itl_first.extend(b - a for a, b in zip(arrivals, arrivals[1:]))
+    xl.close()
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    return {
+        "engine": "llama.cpp",
+        "reference": xlref.version(),
+        "model": os.path.basename(path),
+        "threads": threads,
+        "ctx": n_ctx,
+        "reps": reps,
+        "load_s": load_s,
+        "prefill_tps": {str(k): med(v) for k, v in pre.items()},
+        "ttft_ms": {str(k): med(v) for k, v in ttft.items()},
+        "decode_tps": {str(k): med(v) for k, v in dec.items()},
+        "itl_ms": {"p50": pct(itl_first, 50) * 1e3, "p90": pct(itl_first, 90) * 1e3,
+                   "p99": pct(itl_first, 99) * 1e3},
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description="llama.cpp reference benchmark")
     ap.add_argument("model")
@@ -112,10 +176,13 @@ def main():
     ap.add_argument("--reps", type=int, default=1, help="repetitions (medians reported)")
     ap.add_argument("--prefill", default="128,512")
     ap.add_argument("--depth", default="16,512,1792")
+    ap.add_argument("--backend", default="llama-cpp-python", choices=["llama-cpp-python", "xllamacpp"],
+                    help="which llama.cpp package to time (default: llama-cpp-python)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
-    res = bench(a.model, a.threads, a.decode, a.reps, ints(a.prefill), ints(a.depth))
+    fn = bench if a.backend == "llama-cpp-python" else bench_xllamacpp
+    res = fn(a.model, a.threads, a.decode, a.reps, ints(a.prefill), ints(a.depth))
     if a.json:
         print(json.dumps(res))
         return
