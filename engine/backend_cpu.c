@@ -571,6 +571,41 @@ static void att_pv_scalar(float *acc, const float *p, int R, int hdv, const uint
 }
 
 #ifdef KV_X86
+/* P.V for at most 3 rows (decode of a small GQA group): the keys are the
+ * outer loop and each row's probability is broadcast once per key, with
+ * 32 output floats per row in registers. hdv % 32 == 0. */
+KV_AVX2 static void att_pv3_avx2(float *acc, const float *p, int R, int hdv, const uint8_t *V, size_t vr,
+                                 int vt, int n) {
+    for (int d = 0; d < hdv; d += 32) {
+        __m256 a[3][4];
+#pragma GCC unroll 3
+        for (int r = 0; r < 3; r++)
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                a[r][k] = r < R ? _mm256_loadu_ps(acc + r * hdv + d + 8 * k) : _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const uint8_t *vj = V + (size_t)j * vr;
+            __m256 pb[3];
+#pragma GCC unroll 3
+            for (int r = 0; r < 3; r++) pb[r] = _mm256_broadcast_ss(p + (size_t)(r < R ? r : 0) * ATT_CHUNK + j);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256 v = vt == KV_TYPE_F16
+                               ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)vj + d + 8 * k)))
+                               : _mm256_loadu_ps((const float *)vj + d + 8 * k);
+#pragma GCC unroll 3
+                for (int r = 0; r < 3; r++)
+                    if (r < R) a[r][k] = _mm256_fmadd_ps(pb[r], v, a[r][k]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int r = 0; r < 3; r++)
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                if (r < R) _mm256_storeu_ps(acc + r * hdv + d + 8 * k, a[r][k]);
+    }
+}
+
 /* 8x8 transpose of r[0..8) (row k, lane d) -> (row d, lane k) */
 KV_AVX2 static inline void transpose8(__m256 r[8]) {
     __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -660,6 +695,10 @@ KV_AVX2 static void att_pv_avx2(float *acc, const float *p, int R, int hdv, cons
                                 int vt, int n) {
     for (int j = 0; j < n; j++) /* the next chunk's V rows */
         for (size_t o = 0; o < vr; o += 64) _mm_prefetch((const char *)V + (size_t)(ATT_CHUNK + j) * vr + o, _MM_HINT_T0);
+    if (R <= 3 && hdv % 32 == 0) {
+        att_pv3_avx2(acc, p, R, hdv, V, vr, vt, n);
+        return;
+    }
     for (int r0 = 0; r0 < R; r0 += 8) {
         const int rn = R - r0 < 8 ? R - r0 : 8;
         for (int d = 0; d < hdv; d += 8) {
