@@ -918,9 +918,9 @@ kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
     c->pool = pool;
     c->nth = kv_pool_size(pool);
 #ifdef KV_X86
-    const char *env = getenv("KVLUA_SIMD");
-    c->avx2 = !(env && strcmp(env, "scalar") == 0) && __builtin_cpu_supports("avx2") &&
-              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    /* the kernels' run-time choice (CPUID, KVLUA_SIMD=scalar) decides for
+     * the attention and element-wise paths too */
+    c->avx2 = strcmp(kv_simd_name(), "scalar") != 0;
 #endif
     c->gelu_f16 = malloc(sizeof(uint16_t) * 65536);
     if (c->gelu_f16)

@@ -511,11 +511,14 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
         float *out = logits_mode == KV_LOGITS_ALL ? logits + off * (size_t)n_vocab : logits;
         kv_forward(s, ids + off, T, mode, out);
         int64_t nout = mode == KV_LOGITS_ALL ? (int64_t)T * n_vocab : mode == KV_LOGITS_LAST ? n_vocab : 0;
-        if (nout && !be->all_finite(be, out, nout)) {
+        /* the residual stream of every position, not only the rows whose
+         * logits were asked for: a NaN in any of them is in the KV cache now */
+        if (!be->all_finite(be, s->x, (int64_t)T * s->m->info.n_embd) ||
+            (nout && !be->all_finite(be, out, nout))) {
             int at = s->pos;
             s->pos = pos_before;
             return kv_fail(e, KV_ERR_NUMERIC,
-                           "eval: non-finite logits for positions %d..%d (corrupted weights?)", at,
+                           "eval: non-finite activations or logits for positions %d..%d (corrupted weights?)", at,
                            at + T - 1);
         }
         s->pos += T;
