@@ -77,12 +77,6 @@ KV_INL __m256i bits32(const uint8_t *qh) {
     return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
 }
 
-/* sum of u8 x s8 products, as 8 int32 -> float */
-KV_INL __m256 dot_us(__m256i u, __m256i s) {
-    __m256i p = _mm256_maddubs_epi16(u, s);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-
 /* =========================================================================
  * 32-element formats x Q8_0 / Q8_1: one generic tile
  * ========================================================================= */
