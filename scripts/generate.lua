@@ -7,9 +7,9 @@ usage: lua5.4 scripts/generate.lua [options]
   --chat             wrap the prompt in the model's chat template (user turn)
   --system TEXT      system message (with --chat)
   --max-tokens N     tokens to generate at most (default 128)
-  --temp T           temperature; 0 = greedy (default 0)
+  --temp T           temperature; 0 = greedy (default 0.7)
   --top-k K          (default 40)   --top-p P (default 0.95)   --min-p P (default 0.05)
-  --repeat-penalty R (default 1.0)
+  --repeat-penalty R (default 1.1)
   --seed N           sampling seed (default 42)
   --ctx N            context size (default 2048)
   --threads N        CPU threads (default: physical cores)
@@ -18,8 +18,8 @@ usage: lua5.4 scripts/generate.lua [options]
 local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
 local o = common.parse(arg, {
   model = "", prompt = "Write a short poem about the sea.", chat = false, system = "",
-  ["max-tokens"] = 128, temp = 0, ["top-k"] = 40, ["top-p"] = 0.95, ["min-p"] = 0.05,
-  ["repeat-penalty"] = 1.0, seed = 42, ctx = 2048, threads = 0, stats = false,
+  ["max-tokens"] = 128, temp = 0.7, ["top-k"] = 40, ["top-p"] = 0.95, ["min-p"] = 0.05,
+  ["repeat-penalty"] = 1.1, seed = 42, ctx = 2048, threads = 0, stats = false,
 }, usage)
 
 local sampling = require "kvlua.sampling"
@@ -50,6 +50,7 @@ for piece in s:generate { prompt = ids, max_tokens = math.tointeger(o["max-token
   io.flush()
 end
 io.write("\n")
+io.flush()
 if s.finish_reason and s.finish_reason:match("^error") then common.die(s.finish_reason) end
 if o.stats then
   local st = s:stats()
