@@ -22,22 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int n_pass, n_fail;
-
-static void report(bool ok, const char *name, const char *fmt, ...) {
-    if (ok) {
-        n_pass++;
-        printf("ok   %s\n", name);
-        return;
-    }
-    n_fail++;
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    printf("FAIL %s: %s\n", name, msg);
-}
+#include "check.h"
 
 /* ==== the cases ============================================================ */
 
@@ -598,6 +583,7 @@ static int build(case_id c, uint8_t **buf, size_t *len) {
 
 /* ==== content checks for the valid cases ==================================== */
 
+#undef CHECK /* here: a case-local check that explains why */
 #define CHECK(cond, ...) do { if (!(cond)) { snprintf(why, whylen, __VA_ARGS__); return false; } } while (0)
 
 static bool str_is(const kv_gguf_value *v, const char *s) {
@@ -1038,6 +1024,5 @@ int main(void) {
     getters();
     open_files();
     real_model();
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return kvt_finish();
 }

@@ -26,22 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int n_pass, n_fail;
-
-static void report(bool ok, const char *name, const char *fmt, ...) {
-    if (ok) {
-        n_pass++;
-        printf("ok   %s\n", name);
-        return;
-    }
-    n_fail++;
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    printf("FAIL %s: %s\n", name, msg);
-}
+#include "check.h"
 
 /* ==== random numbers ========================================================= */
 
@@ -736,6 +721,5 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) printf("note: could not remove %s\n", tmpdir);
 
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return kvt_finish();
 }

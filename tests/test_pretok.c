@@ -18,19 +18,7 @@
 #include "pretok.h"
 #include "unicode.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (cond) {                                                                                          \
-            n_pass++;                                                                                        \
-        } else {                                                                                             \
-            n_fail++;                                                                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                      \
-            printf(__VA_ARGS__);                                                                             \
-            printf("\n");                                                                                    \
-        }                                                                                                    \
-    } while (0)
+#include "check.h"
 
 /* ---- fixture ------------------------------------------------------------------ */
 
@@ -292,6 +280,5 @@ int main(int argc, char **argv)
     test_classes();
     test_errors_and_long();
     run_fixture(argc > 1 ? argv[1] : "tests/fixtures/pretok_cases.txt");
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return kvt_finish();
 }

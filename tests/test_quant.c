@@ -15,13 +15,7 @@
 #include "quant.h"
 #include "quant_impl.h"
 
-static int g_pass, g_fail;
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (cond) g_pass++;                                               \
-        else { g_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__);      \
-               printf(__VA_ARGS__); printf("\n"); }                       \
-    } while (0)
+#include "check.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
@@ -389,6 +383,5 @@ int main(void) {
     test_act_quant();
     test_dot();
     test_matmul();
-    printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail != 0;
+    return kvt_finish();
 }

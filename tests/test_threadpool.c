@@ -7,13 +7,7 @@
 
 #include "threadpool.h"
 
-static int g_pass, g_fail;
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (cond) g_pass++;                                               \
-        else { g_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__);      \
-               printf(__VA_ARGS__); printf("\n"); }                       \
-    } while (0)
+#include "check.h"
 
 #define MAXT 8
 
@@ -120,6 +114,5 @@ int main(void) {
     }
     CHECK(ok, "200 create/destroy cycles");
 
-    printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail != 0;
+    return kvt_finish();
 }

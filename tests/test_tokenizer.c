@@ -21,18 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                      \
-    do {                                                                      \
-        if (cond) n_pass++;                                                   \
-        else {                                                                \
-            n_fail++;                                                         \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                       \
-            printf(__VA_ARGS__);                                              \
-            printf("\n");                                                     \
-        }                                                                     \
-    } while (0)
+#include "check.h"
 
 static const char *CONF_DIR = "../shared/conformance/tokenizer";
 
@@ -464,6 +453,5 @@ int main(int argc, char **argv) {
     bad_vocabs();
     utf8_prefix();
     spm_pieces();
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return kvt_finish();
 }
