@@ -700,32 +700,47 @@ static int l_top_p_step(const LPair *e, size_t i, void *ud)
     return w->cum >= w->p && i + 1 >= w->min_keep;
 }
 
+/* The start both p-filters share: reads (p [, min_keep]) and returns the
+   number of Lua results when the call is already answered (p >= 1 or no
+   finite candidate: the Logits itself; NaN/+Inf: nil, message), else 0. */
+static int l_keep_p_start(lua_State *L, LLogits **lg, double *pp, int *min_keep, size_t *m)
+{
+    *lg = l_check1(L, 1);
+    *pp = luaL_checknumber(L, 2);
+    if (isnan(*pp))
+        luaL_argerror(L, 2, "p must be a number");
+    *min_keep = l_optminkeep(L, 3);
+    if (*pp >= 1.0) {
+        lua_settop(L, 1);
+        return 1;
+    }
+    if (l_has_nonfinite((*lg)->data, (*lg)->n)) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "non-finite logits");
+        return 2;
+    }
+    *m = l_count_candidates((*lg)->data, (*lg)->n);
+    if (*m == 0) {
+        lua_settop(L, 1);
+        return 1;
+    }
+    return 0;
+}
+
 /* l:keep_top_p(p [, min_keep=1]) -> l | nil, "non-finite logits"
    Smallest prefix (by descending probability) whose cumulative probability
    reaches p, with at least min_keep entries. p >= 1: no-op. */
 static int l_keep_top_p(lua_State *L)
 {
-    LLogits *lg = l_check1(L, 1);
-    double pp = luaL_checknumber(L, 2);
-    if (isnan(pp))
-        luaL_argerror(L, 2, "p must be a number");
-    int min_keep = l_optminkeep(L, 3);
+    LLogits *lg;
+    double pp;
+    int min_keep;
+    size_t m;
+    int done = l_keep_p_start(L, &lg, &pp, &min_keep, &m);
+    if (done)
+        return done;
     float *x = lg->data;
     int n = lg->n;
-    if (pp >= 1.0) {
-        lua_settop(L, 1);
-        return 1;
-    }
-    if (l_has_nonfinite(x, n)) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "non-finite logits");
-        return 2;
-    }
-    size_t m = l_count_candidates(x, n);
-    if (m == 0) {
-        lua_settop(L, 1);
-        return 1;
-    }
     LPair *p = (LPair *)l_scratch(L, m, sizeof(LPair));
     l_gather_desc(x, n, p);
     LWalk w = {x, 0, 0, pp, 0, 0, (size_t)min_keep};
@@ -813,27 +828,15 @@ static int l_typical_step(const LPair *e, size_t i, void *ud)
    min_keep). p >= 1: no-op. */
 static int l_keep_typical(lua_State *L)
 {
-    LLogits *lg = l_check1(L, 1);
-    double pp = luaL_checknumber(L, 2);
-    if (isnan(pp))
-        luaL_argerror(L, 2, "p must be a number");
-    int min_keep = l_optminkeep(L, 3);
+    LLogits *lg;
+    double pp;
+    int min_keep;
+    size_t m;
+    int done = l_keep_p_start(L, &lg, &pp, &min_keep, &m);
+    if (done)
+        return done;
     float *x = lg->data;
     int n = lg->n;
-    if (pp >= 1.0) {
-        lua_settop(L, 1);
-        return 1;
-    }
-    if (l_has_nonfinite(x, n)) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "non-finite logits");
-        return 2;
-    }
-    size_t m = l_count_candidates(x, n);
-    if (m == 0) {
-        lua_settop(L, 1);
-        return 1;
-    }
     LWalk w = {x, 0, 0, pp, 0, 0, (size_t)min_keep};
     w.mx = l_softmax_stats(x, n, &w.sum);
     for (int i = 0; i < n; i++) /* entropy */
