@@ -600,29 +600,34 @@ static void dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) {
     *s = sum;
 }
 
+/* One 256-element super-block of Q4_K or Q5_K (qh == NULL: Q4_K, no fifth
+ * bit) against Q8_K: 8 sub-blocks of 32 with 6-bit scales and mins. */
+static float dot_k45_block(uint16_t d, uint16_t dmin, const uint8_t *scales, const uint8_t *q,
+                           const uint8_t *qh, const kv_block_q8_k *x) {
+    const int8_t *y = x->qs;
+    int sumi = 0, summ = 0;
+    for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
+        uint8_t sc0, m0, sc1, m1;
+        kv_scale_min_k4(j, scales, &sc0, &m0);
+        kv_scale_min_k4(j + 1, scales, &sc1, &m1);
+        int a = 0, c = 0;
+        for (int l = 0; l < 32; l++) {
+            int h0 = qh ? ((qh[l] >> j) & 1) << 4 : 0;
+            int h1 = qh ? ((qh[l] >> (j + 1)) & 1) << 4 : 0;
+            a += ((q[l] & 0xF) | h0) * y[l];
+            c += ((q[l] >> 4) | h1) * y[l + 32];
+        }
+        sumi += sc0 * a + sc1 * c;
+        summ += m0 * (x->bsums[2 * j] + x->bsums[2 * j + 1]) + m1 * (x->bsums[2 * j + 2] + x->bsums[2 * j + 3]);
+    }
+    return x->d * F16(d) * (float)sumi - x->d * F16(dmin) * (float)summ;
+}
+
 static void dot_q4_k(int64_t n, float *s, const void *vw, const void *vx) {
     const kv_block_q4_k *w = vw;
     const kv_block_q8_k *x = vx;
     float sum = 0;
-    for (int64_t i = 0; i < n / 256; i++) {
-        const uint8_t *q = w[i].qs;
-        const int8_t *y = x[i].qs;
-        int sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-            uint8_t sc0, m0, sc1, m1;
-            kv_scale_min_k4(j, w[i].scales, &sc0, &m0);
-            kv_scale_min_k4(j + 1, w[i].scales, &sc1, &m1);
-            int a = 0, c = 0;
-            for (int l = 0; l < 32; l++) {
-                a += (q[l] & 0xF) * y[l];
-                c += (q[l] >> 4) * y[l + 32];
-            }
-            sumi += sc0 * a + sc1 * c;
-            summ += m0 * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]) +
-                    m1 * (x[i].bsums[2 * j + 2] + x[i].bsums[2 * j + 3]);
-        }
-        sum += x[i].d * F16(w[i].d) * (float)sumi - x[i].d * F16(w[i].dmin) * (float)summ;
-    }
+    for (int64_t i = 0; i < n / 256; i++) sum += dot_k45_block(w[i].d, w[i].dmin, w[i].scales, w[i].qs, NULL, &x[i]);
     *s = sum;
 }
 
@@ -630,25 +635,7 @@ static void dot_q5_k(int64_t n, float *s, const void *vw, const void *vx) {
     const kv_block_q5_k *w = vw;
     const kv_block_q8_k *x = vx;
     float sum = 0;
-    for (int64_t i = 0; i < n / 256; i++) {
-        const uint8_t *q = w[i].qs, *qh = w[i].qh;
-        const int8_t *y = x[i].qs;
-        int sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-            uint8_t sc0, m0, sc1, m1;
-            kv_scale_min_k4(j, w[i].scales, &sc0, &m0);
-            kv_scale_min_k4(j + 1, w[i].scales, &sc1, &m1);
-            int a = 0, c = 0;
-            for (int l = 0; l < 32; l++) {
-                a += ((q[l] & 0xF) | (((qh[l] >> j) & 1) << 4)) * y[l];
-                c += ((q[l] >> 4) | (((qh[l] >> (j + 1)) & 1) << 4)) * y[l + 32];
-            }
-            sumi += sc0 * a + sc1 * c;
-            summ += m0 * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]) +
-                    m1 * (x[i].bsums[2 * j + 2] + x[i].bsums[2 * j + 3]);
-        }
-        sum += x[i].d * F16(w[i].d) * (float)sumi - x[i].d * F16(w[i].dmin) * (float)summ;
-    }
+    for (int64_t i = 0; i < n / 256; i++) sum += dot_k45_block(w[i].d, w[i].dmin, w[i].scales, w[i].qs, w[i].qh, &x[i]);
     *s = sum;
 }
 
