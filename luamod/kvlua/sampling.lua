@@ -156,18 +156,24 @@ function M.top_k(k)
   })
 end
 
---- top_p(p [, min_keep=1]): nucleus sampling (p >= 1: no-op).
-function M.top_p(p, min_keep)
-  check_num(p, "top_p", 0, 1)
-  min_keep = opt_min_keep(min_keep)
-  return stage("top_p", {
-    mutates = true,
-    apply = function(_, l)
-      local ok, err = l:keep_top_p(p, min_keep)
-      if not ok then return nil, err end
-    end,
-  })
+-- A filter stage over probabilities, run by the Logits method `method`
+-- (which answers nil, message for non-finite logits).
+local function p_filter(name, method)
+  return function(p, min_keep)
+    check_num(p, name, 0, 1)
+    min_keep = opt_min_keep(min_keep)
+    return stage(name, {
+      mutates = true,
+      apply = function(_, l)
+        local ok, err = l[method](l, p, min_keep)
+        if not ok then return nil, err end
+      end,
+    })
+  end
 end
+
+--- top_p(p [, min_keep=1]): nucleus sampling (p >= 1: no-op).
+M.top_p = p_filter("top_p", "keep_top_p")
 
 --- min_p(p [, min_keep=1]): keep tokens with prob >= p * max prob (p <= 0: no-op).
 function M.min_p(p, min_keep)
@@ -180,17 +186,7 @@ function M.min_p(p, min_keep)
 end
 
 --- typical(p [, min_keep=1]): locally typical sampling (p >= 1: no-op).
-function M.typical(p, min_keep)
-  check_num(p, "typical", 0, 1)
-  min_keep = opt_min_keep(min_keep)
-  return stage("typical", {
-    mutates = true,
-    apply = function(_, l)
-      local ok, err = l:keep_typical(p, min_keep)
-      if not ok then return nil, err end
-    end,
-  })
-end
+M.typical = p_filter("typical", "keep_typical")
 
 --- temperature(t): divide logits by t; t == 0 keeps only the argmax.
 function M.temperature(t)
