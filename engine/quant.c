@@ -785,7 +785,10 @@ static void kernels_init(void) {
 
     const char *env = getenv("KVLUA_SIMD");
     if (env && strcmp(env, "scalar") == 0) return;
-    if (kv_kernels_avx2(&g_k)) g_simd = "avx2";
+    /* KVLUA_SIMD=avx2 keeps the AVX2 kernels on a VNNI machine (to test or
+     * compare them); otherwise the best set the CPU runs. */
+    if (!(env && strcmp(env, "avx2") == 0) && kv_kernels_vnni(&g_k)) g_simd = "avx512vnni";
+    else if (kv_kernels_avx2(&g_k)) g_simd = "avx2";
 }
 
 static inline const kv_kernels *kernels(void) {

@@ -32,11 +32,27 @@
 
 #include "types.h"
 
+#ifndef KV_VNNI
+#define KV_VNNI 0
+#endif
+#if KV_VNNI
+#define KV_KERNELS_INSTALL kv_kernels_vnni
+#else
+#define KV_KERNELS_INSTALL kv_kernels_avx2
+#endif
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
 #include <immintrin.h>
 
+/* quant_vnni.c includes this file with KV_VNNI 1: the same kernels with the
+ * u8 x s8 dot products done by AVX512-VNNI's vpdpbusd (on 256-bit vectors),
+ * which adds 4 products straight into int32 lanes (no 16-bit step). */
+#if KV_VNNI
+#define KV_AVX2 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#else
 #define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
 #define KV_INL static inline __attribute__((always_inline)) KV_AVX2
 
 /* =========================================================================
@@ -57,6 +73,16 @@ KV_INL int hsum_epi32(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
     return _mm_cvtsi128_si32(s);
+}
+
+/* acc + the int32 lane sums of 4 adjacent u8 x s8 products (exact: the
+ * AVX2 pair sums cannot saturate on the operands used here, |u| <= 128). */
+KV_INL __m256i dp_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if KV_VNNI
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
 }
 
 /* 16 bytes of packed nibbles -> 32 bytes 0..15: low nibbles first (elements 0..15). */
@@ -126,15 +152,19 @@ KV_INL __m256i w32_load(int WT, const uint8_t *row, int64_t b, float *d, float *
 
 /* 8 int32 partial sums of one weight block times one activation block */
 KV_INL __m256i w32_dot(int WT, __m256i wq, __m256i wa, __m256i xq) {
-    __m256i p = W32_SIGNED(WT) ? _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq))
-                               : _mm256_maddubs_epi16(wq, xq);
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    return W32_SIGNED(WT) ? dp_u8s8(_mm256_setzero_si256(), wa, _mm256_sign_epi8(xq, wq))
+                          : dp_u8s8(_mm256_setzero_si256(), wq, xq);
 }
 
-/* The 16-bit pair sums of one weight block times one activation block. */
+/* The 16-bit pair sums of one weight block times one activation block
+ * (VNNI: the int32 sums of 4, as w32_dot). */
 KV_INL __m256i w32_pairs(int WT, __m256i wq, __m256i wa, __m256i xq) {
+#if KV_VNNI
+    return w32_dot(WT, wq, wa, xq);
+#else
     return W32_SIGNED(WT) ? _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq))
                           : _mm256_maddubs_epi16(wq, xq);
+#endif
 }
 
 /* Folds 4 pair-sum vectors (a, b, c, d) into [a b c d | a b c d] int32, each
@@ -142,6 +172,10 @@ KV_INL __m256i w32_pairs(int WT, __m256i wq, __m256i wa, __m256i xq) {
  * 5-bit formats add in 16 bits (at most 8 * 31 * 127 < 32768); Q8_0 cannot. */
 KV_INL __m256i fold4(int WT, __m256i a, __m256i b, __m256i c, __m256i d) {
     const __m256i ones = _mm256_set1_epi16(1);
+    if (KV_VNNI) { /* already int32 */
+        __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
+        return _mm256_hadd_epi32(ab, cd);
+    }
     if (W32_SIGNED(WT)) {
         __m256i ab = _mm256_hadd_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
         __m256i cd = _mm256_hadd_epi32(_mm256_madd_epi16(c, ones), _mm256_madd_epi16(d, ones));
@@ -183,8 +217,7 @@ KV_INL void tile32(int WT, int NR, int NT, int64_t nb, const uint8_t *W, size_t 
             __m256 xd = _mm256_set1_ps(f[0]);
             __m256i off = _mm256_setzero_si256();
             if (W32_OFF(WT))
-                off = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(W32_OFF(WT)), xq),
-                                        _mm256_set1_epi16(1));
+                off = dp_u8s8(_mm256_setzero_si256(), _mm256_set1_epi8(W32_OFF(WT)), xq);
             __m256 sx = _mm256_setr_ps(f[4], 0, 0, 0, 0, 0, 0, 0);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
@@ -240,8 +273,7 @@ KV_INL void tile32r4(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint
         }
         __m256i h = fold4(WT, i4[0], i4[1], i4[2], i4[3]);
         if (W32_OFF(WT)) {
-            __m256i off = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(W32_OFF(WT)), xq),
-                                            _mm256_set1_epi16(1));
+            __m256i off = dp_u8s8(_mm256_setzero_si256(), _mm256_set1_epi8(W32_OFF(WT)), xq);
             off = _mm256_hadd_epi32(off, off);
             h = _mm256_sub_epi32(h, _mm256_hadd_epi32(off, off));
         }
@@ -311,6 +343,7 @@ KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const
                   const float *xs8, float *y, int64_t ldy) {
     const int FL = (WT == KV_TYPE_Q5_0 || WT == KV_TYPE_Q5_1) ? 4 : 8;
     const __m256i ones = _mm256_set1_epi16(1);
+    (void)ones;
     __m256 acc[4];
     _Alignas(32) uint8_t wb[4][32];
 #pragma GCC unroll 4
@@ -328,6 +361,7 @@ KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const
         __m256i isum[4], s16[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256(), s16[r] = isum[r];
+        (void)s16;
         const uint8_t *wp = &wb[0][0];
         for (int h = 0; h < 8; h += FL) {
             /* a rolled loop keeps the 16-bit sums in registers (fully
@@ -338,14 +372,20 @@ KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const
 #pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) {
                     __m256i wv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)(wp + 32 * r + 4 * g)));
+#if KV_VNNI
+                    isum[r] = _mm256_dpbusd_epi32(isum[r], wv, xv);
+#else
                     s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wv, xv));
+#endif
                 }
             }
+#if !KV_VNNI
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
                 s16[r] = _mm256_setzero_si256();
             }
+#endif
         }
         __m256 d8 = _mm256_load_ps(xs8 + b * 16), s8 = _mm256_load_ps(xs8 + b * 16 + 8);
         const int MIN = WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1;
@@ -384,6 +424,7 @@ KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, cons
     const int FL = (WT == KV_TYPE_Q5_0 || WT == KV_TYPE_Q5_1) ? 4 : 8;
     const int MIN = WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1;
     const __m256i ones = _mm256_set1_epi16(1);
+    (void)ones;
     __m256 acc[2][2];
     _Alignas(32) uint8_t wb[2][32];
 #pragma GCC unroll 2
@@ -410,10 +451,16 @@ KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, cons
 #pragma GCC unroll 2
                 for (int r = 0; r < NR; r++) {
                     __m256i wv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)(wp + 32 * r + 4 * g)));
+#if KV_VNNI
+                    isum[r][0] = _mm256_dpbusd_epi32(isum[r][0], wv, x0);
+                    isum[r][1] = _mm256_dpbusd_epi32(isum[r][1], wv, x1);
+#else
                     s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(wv, x0));
                     s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(wv, x1));
+#endif
                 }
             }
+#if !KV_VNNI
 #pragma GCC unroll 2
             for (int r = 0; r < NR; r++)
 #pragma GCC unroll 2
@@ -421,6 +468,7 @@ KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, cons
                     isum[r][k] = _mm256_add_epi32(isum[r][k], _mm256_madd_epi16(s16[r][k], ones));
                     s16[r][k] = _mm256_setzero_si256();
                 }
+#endif
         }
 #pragma GCC unroll 2
         for (int k = 0; k < 2; k++) {
@@ -564,8 +612,7 @@ KV_INL float dot32(int WT, int64_t nb, const uint8_t *w, const uint8_t *x) {
             memcpy(&sh, xb + 2, 2);
             corr += c * h2f(sh);
         } else if (!W32_SIGNED(WT)) { /* Q8_0: sum the quants */
-            __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), xq);
-            corr += c * dx * (float)hsum_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+            corr += c * dx * (float)hsum_epi32(dp_u8s8(_mm256_setzero_si256(), _mm256_set1_epi8(1), xq));
         }
     }
     return hsum_ps(_mm256_add_ps(acc0, acc1)) + corr;
@@ -640,9 +687,14 @@ KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, __m256i sc,
         for (int t = 0; t < NT; t++) {
             __m256i y0 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j));
             __m256i y1 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j + 32));
+#if KV_VNNI
+            isum[t] = _mm256_dpwssd_epi32(isum[t], _mm256_maddubs_epi16(lo, y0), s0);
+            isum[t] = _mm256_dpwssd_epi32(isum[t], _mm256_maddubs_epi16(hi, y1), s1);
+#else
             __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s0);
             __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s1);
             isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(p0, p1));
+#endif
         }
     }
 }
@@ -734,8 +786,12 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     __m256i yy = _mm256_loadu_si256((const __m256i *)(yq + 32 * k));
+#if KV_VNNI
+                    isum[t] = _mm256_dpwssd_epi32(isum[t], _mm256_maddubs_epi16(q[k], yy), sc[k]);
+#else
                     __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], yy), sc[k]);
                     isum[t] = _mm256_add_epi32(isum[t], p);
+#endif
                 }
             }
         }
@@ -961,7 +1017,7 @@ static KV_AVX2 void f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
  * install
  * ========================================================================= */
 
-int kv_kernels_avx2(kv_kernels *k) {
+int KV_KERNELS_INSTALL(kv_kernels *k) {
 #ifdef KV_NO_AVX2_KERNELS /* build option: the portable kernels only */
     return 0;
 #endif
@@ -971,6 +1027,11 @@ int kv_kernels_avx2(kv_kernels *k) {
     unsigned a, b, c, d;
     __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
     if (!(c & (1u << 29))) return 0;
+#if KV_VNNI
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vl") ||
+        !__builtin_cpu_supports("avx512bw"))
+        return 0;
+#endif
 
     k->tile[KV_TYPE_Q4_0] = tile_q4_0, k->dot[KV_TYPE_Q4_0] = tile_q4_0_dot;
     k->tile[KV_TYPE_Q4_1] = tile_q4_1, k->dot[KV_TYPE_Q4_1] = tile_q4_1_dot;
@@ -999,7 +1060,7 @@ int kv_kernels_avx2(kv_kernels *k) {
 
 #else
 
-int kv_kernels_avx2(kv_kernels *k) {
+int KV_KERNELS_INSTALL(kv_kernels *k) {
     (void)k;
     return 0;
 }

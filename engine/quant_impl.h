@@ -106,6 +106,8 @@ typedef struct {
 
 /* Fills in the entries this CPU can run faster; returns 1 if it did. */
 int kv_kernels_avx2(kv_kernels *k);
+/* The same kernels through AVX512-VNNI (quant_vnni.c); 0 when the CPU lacks it. */
+int kv_kernels_vnni(kv_kernels *k);
 
 /* The table in use (after KVLUA_SIMD and CPU detection); for tests. */
 const kv_kernels *kv_kernels_get(void);
