@@ -17,7 +17,11 @@
  * range is split into ATT_SPLIT slices whose partial softmaxes are merged,
  * independently of the thread count. K/V rows are read only through
  * kv_kv_span. Kernels have AVX2/FMA/F16C versions picked at run time and
- * portable fallbacks (KVLUA_SIMD=scalar forces those).
+ * portable fallbacks (KVLUA_SIMD=scalar forces those); on CPUs with
+ * AVX-512 (F/VL/BW) decode of groups of at most 4 query heads runs 512-bit
+ * kernels: scores of 8 keys reduced together, P.V with 64 outputs per row
+ * in registers, K/V prefetched ATT_PF keys ahead (KVLUA_SIMD=avx2 keeps
+ * the AVX2 ones).
  */
 #include "backend.h"
 
@@ -33,12 +37,15 @@
 #define KV_X86 1
 #define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KV_AVX2_DECL KV_AVX2
+/* AVX-512 (F, VL, BW): 512-bit decode attention and 32 vector registers */
+#define KV_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")))
 #endif
 
 typedef struct {
     kv_pool *pool;
     int nth;
     bool avx2; /* AVX2 + FMA + F16C usable */
+    bool avx512; /* and AVX-512 F/VL/BW (decode attention) */
     uint16_t *gelu_f16; /* (65536) gelu of every f16 value, as f16 (what llama.cpp's CPU path uses) */
     /* rope cache: cos/sin of the last (params, positions) seen, reused for
      * q and k and across layers sharing the same params */
@@ -495,6 +502,9 @@ static float exp_sub_sum_scalar(float *x, int n, float mx, float sc) {
 /* ==== attention =============================================================== */
 
 #define ATT_CHUNK 64 /* keys per softmax chunk */
+#ifndef ATT_PF
+#define ATT_PF 128   /* software prefetch distance of the decode kernels, in keys */
+#endif
 
 /* Query tokens per task: the rows of a task are (token, head of the group),
  * about 16 of them, so each K/V row read serves several queries. */
@@ -724,6 +734,161 @@ KV_AVX2 static void att_pv_avx2(float *acc, const float *p, int R, int hdv, cons
 }
 #endif
 
+
+#ifdef KV_X86
+/* ---- AVX-512 decode kernels: at most 4 rows (a small GQA group), F16 or
+ * F32 K/V, head sizes multiple of 16 ---- */
+
+/* 16 floats of an F16 or F32 row from element i */
+KV_AVX512 static inline __m512 row16(const uint8_t *row, int t, int i) {
+    return t == KV_TYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)))
+                            : _mm512_loadu_ps((const float *)row + i);
+}
+
+/* [sum(a[0]) .. sum(a[7])] */
+KV_AVX512 static inline __m256 reduce8x8(const __m256 a[8]) {
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* 512 -> 256 bits: the two halves added */
+KV_AVX512 static inline __m256 fold512(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+/* Scores of R rows (constant) for NK keys (8, or 4) at a time: each key's
+ * products are summed along the head in one 512-bit accumulator per
+ * (row, key), and the NK keys' accumulators are reduced together (no
+ * per-key horizontal sum). */
+KV_AVX512 static inline __attribute__((always_inline)) void
+scores_rk(float *s, const float *qf, const int R, const int NK, int hd, const uint8_t *K, size_t kr, int kt, int n) {
+    int j = 0;
+    for (; j + NK <= n; j += NK) {
+        const uint8_t *Kj = K + (size_t)j * kr;
+        /* the K rows ATT_PF keys ahead (the cache is usually not in L2) */
+        for (size_t o = 0; o < (size_t)NK * kr; o += 64) _mm_prefetch((const char *)Kj + ATT_PF * kr + o, _MM_HINT_T0);
+        __m512 a[4][8];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+            for (int k = 0; k < NK; k++) a[r][k] = _mm512_setzero_ps();
+        for (int i = 0; i < hd; i += 16) {
+            __m512 q[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) q[r] = _mm512_loadu_ps(qf + (size_t)r * hd + i);
+#pragma GCC unroll 8
+            for (int k = 0; k < NK; k++) {
+                __m512 kv = row16(Kj + (size_t)k * kr, kt, i);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) a[r][k] = _mm512_fmadd_ps(kv, q[r], a[r][k]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256 h[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < NK; k++) h[k] = fold512(a[r][k]);
+            if (NK == 8) {
+                _mm256_storeu_ps(s + (size_t)r * ATT_CHUNK + j, reduce8x8(h));
+            } else {
+                __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+                _mm_storeu_ps(s + (size_t)r * ATT_CHUNK + j,
+                              _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+            }
+        }
+    }
+    for (; j < n; j++) {
+        const uint8_t *kj = K + (size_t)j * kr;
+        for (int r = 0; r < R; r++) {
+            __m512 a = _mm512_setzero_ps();
+            for (int i = 0; i < hd; i += 16) a = _mm512_fmadd_ps(row16(kj, kt, i), _mm512_loadu_ps(qf + (size_t)r * hd + i), a);
+            s[(size_t)r * ATT_CHUNK + j] = _mm512_reduce_add_ps(a);
+        }
+    }
+}
+
+/* Scores for R <= 4 rows (decode of a small GQA group). */
+KV_AVX512 static void att_scores_r4_avx512(float *s, const float *qf, int R, int hd, const uint8_t *K, size_t kr,
+                                           int kt, int n) {
+    /* R and the K type as constants in each instantiation */
+#define SCORES_RK(KT)                                                \
+    switch (R) {                                                     \
+    case 1: scores_rk(s, qf, 1, 8, hd, K, kr, KT, n); break;         \
+    case 2: scores_rk(s, qf, 2, 8, hd, K, kr, KT, n); break;         \
+    case 3: scores_rk(s, qf, 3, 8, hd, K, kr, KT, n); break;         \
+    default: scores_rk(s, qf, 4, 4, hd, K, kr, KT, n); break;        \
+    }
+    if (kt == KV_TYPE_F16) {
+        SCORES_RK(KV_TYPE_F16)
+    } else {
+        SCORES_RK(KV_TYPE_F32)
+    }
+#undef SCORES_RK
+}
+
+/* ACC(R, hdv) += P(R, n) . V(n, hdv) for R <= 4: keys outer, 64 output
+ * floats per row held in registers, each row's probability broadcast once
+ * per key. R and NV (16-float vectors per row and pass) are constants in
+ * each instantiation. */
+KV_AVX512 static inline __attribute__((always_inline)) void
+pv_r4_tile(float *acc, const float *p, const int R, const int NV, int hdv, int d, const uint8_t *V, size_t vr,
+           int vt, int n) {
+    __m512 a[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int k = 0; k < NV; k++) a[r][k] = _mm512_loadu_ps(acc + (size_t)r * hdv + d + 16 * k);
+    for (int j = 0; j < n; j++) {
+        const uint8_t *vj = V + (size_t)j * vr;
+        if (d == 0)
+            for (size_t o = 0; o < vr; o += 64) _mm_prefetch((const char *)vj + ATT_PF * vr + o, _MM_HINT_T0);
+        __m512 pb[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) pb[r] = _mm512_set1_ps(p[(size_t)r * ATT_CHUNK + j]);
+#pragma GCC unroll 4
+        for (int k = 0; k < NV; k++) {
+            __m512 v = row16(vj, vt, d + 16 * k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) a[r][k] = _mm512_fmadd_ps(pb[r], v, a[r][k]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int k = 0; k < NV; k++) _mm512_storeu_ps(acc + (size_t)r * hdv + d + 16 * k, a[r][k]);
+}
+
+#define PV_R4_CASE(RR)                                                                       \
+    case RR:                                                                                 \
+        for (d = 0; d + 64 <= hdv; d += 64) pv_r4_tile(acc, p, RR, 4, hdv, d, V, vr, vt, n); \
+        for (; d < hdv; d += 16) pv_r4_tile(acc, p, RR, 1, hdv, d, V, vr, vt, n);            \
+        break;
+
+KV_AVX512 static void att_pv_r4_avx512(float *acc, const float *p, int R, int hdv, const uint8_t *V, size_t vr,
+                                       int vt, int n) {
+    int d;
+    if (vt == KV_TYPE_F16) {
+        const int vt = KV_TYPE_F16; /* a constant in the instantiations */
+        switch (R) {
+            PV_R4_CASE(1)
+            PV_R4_CASE(2)
+            PV_R4_CASE(3)
+            PV_R4_CASE(4)
+        }
+    } else {
+        const int vt = KV_TYPE_F32;
+        switch (R) {
+            PV_R4_CASE(1)
+            PV_R4_CASE(2)
+            PV_R4_CASE(3)
+            PV_R4_CASE(4)
+        }
+    }
+}
+#endif
+
 /* One task: query tokens t0 .. t0+tn-1 with all heads of KV head g, keys of
  * slice sp. Row r = (token tl, head h) = tl * G + h. */
 static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, int sp) {
@@ -741,6 +906,7 @@ static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, i
     float *kf = hi + R;            /* (hd, 8) K rows in f32 */
 #ifdef KV_X86
     const bool simd = J->c->avx2 && hd % 8 == 0 && hdv % 8 == 0;
+    const bool wide = J->c->avx512 && hd % 16 == 0 && hdv % 16 == 0; /* AVX-512 decode kernels */
 #else
     const bool simd = false;
 #endif
@@ -785,7 +951,9 @@ static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, i
         if (n > nk) n = nk;
         if (n > nv) n = nv;
 #ifdef KV_X86
-        if (simd)
+        if (wide && R <= 4)
+            att_scores_r4_avx512(s, qf, R, hd, K, kr, kt, n);
+        else if (simd)
             att_scores_avx2(s, qf, R, hd, K, kr, kt, n, kf);
         else
 #endif
@@ -834,7 +1002,9 @@ static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, i
                 for (int i = 0; i < hdv; i++) acc[r * hdv + i] *= corr;
         }
 #ifdef KV_X86
-        if (simd)
+        if (wide && R <= 4)
+            att_pv_r4_avx512(acc, s, R, hdv, V, vr, vt, n);
+        else if (simd)
             att_pv_avx2(acc, s, R, hdv, V, vr, vt, n);
         else
 #endif
@@ -866,7 +1036,13 @@ static void att_worker(void *arg, int ith, int nth) {
     float *priv = J->work + (size_t)ith * J->per_thread;
     const int64_t n_blocks = (J->T + J->tb - 1) / J->tb;
     const int64_t n_tasks = n_blocks * ap->n_head_kv * J->n_split;
-    for (int64_t task = ith; task < n_tasks; task += nth) {
+    /* Split decode: each thread takes a contiguous run of tasks, so it
+     * streams consecutive key slices of a head (the prefetches run on into
+     * the next slice). Otherwise round robin. Either way a task's result
+     * does not depend on the thread that runs it. */
+    const bool runs = J->n_split > 1;
+    const int64_t first = runs ? n_tasks * ith / nth : ith, last = runs ? n_tasks * (ith + 1) / nth : n_tasks;
+    for (int64_t task = first; task < last; task += runs ? 1 : nth) {
         const int sp = (int)(task % J->n_split);
         const int64_t rest = task / J->n_split;
         const int g = (int)(rest % ap->n_head_kv);
@@ -921,6 +1097,9 @@ kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
     /* the kernels' run-time choice (CPUID, KVLUA_SIMD=scalar) decides for
      * the attention and element-wise paths too */
     c->avx2 = strcmp(kv_simd_name(), "scalar") != 0;
+    /* KVLUA_SIMD=avx2 keeps the AVX2 paths (tests cover both) */
+    c->avx512 = c->avx2 && strcmp(kv_simd_name(), "avx2") != 0 && __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
 #endif
     c->gelu_f16 = malloc(sizeof(uint16_t) * 65536);
     if (c->gelu_f16)
