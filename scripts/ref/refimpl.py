@@ -59,7 +59,7 @@ def version():
 
 
 class Ref:
-    def __init__(self, path, n_ctx=512, n_threads=2, n_batch=512, n_ubatch=None):
+    def __init__(self, path, n_ctx=512, n_threads=2, n_batch=512, n_ubatch=None, flash_attn=None):
         global _backend_ready, _LOG_CB
         if not _backend_ready:
             _LOG_CB = _quiet_log()
@@ -81,6 +81,9 @@ class Ref:
         cp.n_threads = n_threads
         cp.n_threads_batch = n_threads
         cp.no_perf = False
+        if flash_attn is not None:  # None: llama.cpp's default (auto: on for the CPU)
+            cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                  else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             L.llama_model_free(self.model)
