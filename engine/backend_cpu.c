@@ -349,6 +349,8 @@ static void store_row(const cpu_ctx *c, int type, void *dst, const float *src, i
         }
 #endif
         kv_f32_to_f16_row(src, dst, n);
+    } else if (type == KV_TYPE_Q8_0) {
+        kv_quantize_row(KV_TYPE_Q8_0, src, dst, n);
     } else {
         memcpy(dst, src, (size_t)n * sizeof(float));
     }
@@ -392,12 +394,21 @@ static bool cpu_all_finite(kv_backend *b, const float *x, int64_t n) {
 }
 
 /* ==== attention kernels ======================================================
- * axpy_v: acc(n) += p * V row (f16 or f32). */
+ * K/V rows are F16, F32 or Q8_0 (32 int8 with an f16 scale per block).
+ * axpy_v: acc(n) += p * V row. */
 
 static void axpy_v_scalar(float *acc, const void *vrow, int vtype, float p, int n) {
     if (vtype == KV_TYPE_F16) {
         const uint16_t *v = vrow;
         for (int i = 0; i < n; i++) acc[i] += p * kv_f16_to_f32(v[i]);
+    } else if (vtype == KV_TYPE_Q8_0) {
+        const uint8_t *b = vrow;
+        for (int i0 = 0; i0 < n; i0 += 32, b += 34) {
+            uint16_t dh;
+            memcpy(&dh, b, 2);
+            const float pd = p * kv_f16_to_f32(dh);
+            for (int i = 0; i < 32; i++) acc[i0 + i] += pd * (float)(int8_t)b[2 + i];
+        }
     } else {
         const float *v = vrow;
         for (int i = 0; i < n; i++) acc[i] += p * v[i];
@@ -411,6 +422,18 @@ KV_AVX2 static inline float hsum256(__m256 v) {
     a = _mm_add_ps(a, _mm_movehl_ps(a, a));
     a = _mm_add_ss(a, _mm_movehdup_ps(a));
     return _mm_cvtss_f32(a);
+}
+
+/* 8 floats of a K/V row from element i (i % 8 == 0); Q8_0 rows are
+ * dequantized (d * q). */
+KV_AVX2 static inline __m256 kv_load8(const uint8_t *row, int t, int i) {
+    if (t == KV_TYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    if (t == KV_TYPE_F32) return _mm256_loadu_ps((const float *)row + i);
+    const uint8_t *b = row + (size_t)(i >> 5) * 34;
+    uint16_t dh;
+    memcpy(&dh, b, 2);
+    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + (i & 31))));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(_cvtsh_ss(dh)));
 }
 
 /* exp(x) for 8 lanes, x <= 0 here (scores minus their max); ~2 ulp. */
@@ -563,6 +586,8 @@ static void att_scores_scalar(float *s, const float *qf, int R, int hd, const ui
         const void *kj = K + (size_t)j * kr;
         if (kt == KV_TYPE_F16) {
             for (int i = 0; i < hd; i++) kf[i] = kv_f16_to_f32(((const uint16_t *)kj)[i]);
+        } else if (kt == KV_TYPE_Q8_0) {
+            kv_dequantize_row(KV_TYPE_Q8_0, kj, kf, hd);
         } else {
             memcpy(kf, kj, sizeof(float) * hd);
         }
@@ -600,9 +625,7 @@ KV_AVX2 static void att_pv3_avx2(float *acc, const float *p, int R, int hdv, con
             for (int r = 0; r < 3; r++) pb[r] = _mm256_broadcast_ss(p + (size_t)(r < R ? r : 0) * ATT_CHUNK + j);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                __m256 v = vt == KV_TYPE_F16
-                               ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)vj + d + 8 * k)))
-                               : _mm256_loadu_ps((const float *)vj + d + 8 * k);
+                __m256 v = kv_load8(vj, vt, d + 8 * k);
 #pragma GCC unroll 3
                 for (int r = 0; r < 3; r++)
                     if (r < R) a[r][k] = _mm256_fmadd_ps(pb[r], v, a[r][k]);
@@ -645,8 +668,7 @@ KV_AVX2 static void att_scores8_avx2(float *s, const float *qf, int R, int hd, c
         __m256 r[8];
         for (int k = 0; k < 8; k++) {
             const uint8_t *row = K + (size_t)k * kr;
-            r[k] = kt == KV_TYPE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i0)))
-                                     : _mm256_loadu_ps((const float *)row + i0);
+            r[k] = kv_load8(row, kt, i0);
         }
         transpose8(r);
         for (int d = 0; d < 8; d++) _mm256_storeu_ps(kT + (size_t)(i0 + d) * 8, r[d]);
@@ -681,9 +703,8 @@ KV_AVX2 static void att_scores_avx2(float *s, const float *qf, int R, int hd, co
         const float *k = kj;
         /* the next chunk's rows: keep several memory reads in flight */
         for (size_t o = 0; o < kr; o += 64) _mm_prefetch((const char *)kj + (size_t)ATT_CHUNK * kr + o, _MM_HINT_T0);
-        if (kt == KV_TYPE_F16) {
-            for (int i = 0; i < hd; i += 8)
-                _mm256_storeu_ps(kf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)kj + i))));
+        if (kt != KV_TYPE_F32) {
+            for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(kf + i, kv_load8(kj, kt, i));
             k = kf;
         }
         for (int r = 0; r < R; r++) {
@@ -718,9 +739,7 @@ KV_AVX2 static void att_pv_avx2(float *acc, const float *p, int R, int hdv, cons
                 a[r] = r < rn ? _mm256_loadu_ps(acc + (r0 + r) * hdv + d) : _mm256_setzero_ps();
             for (int j = 0; j < n; j++) {
                 const uint8_t *vj = V + (size_t)j * vr;
-                __m256 v = vt == KV_TYPE_F16
-                               ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)vj + d)))
-                               : _mm256_loadu_ps((const float *)vj + d);
+                __m256 v = kv_load8(vj, vt, d);
                 const float *pj = p + (size_t)r0 * ATT_CHUNK + j;
 #pragma GCC unroll 8
                 for (int r = 0; r < 8; r++)
@@ -741,8 +760,13 @@ KV_AVX2 static void att_pv_avx2(float *acc, const float *p, int R, int hdv, cons
 
 /* 16 floats of an F16 or F32 row from element i */
 KV_AVX512 static inline __m512 row16(const uint8_t *row, int t, int i) {
-    return t == KV_TYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)))
-                            : _mm512_loadu_ps((const float *)row + i);
+    if (t == KV_TYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
+    if (t == KV_TYPE_F32) return _mm512_loadu_ps((const float *)row + i);
+    const uint8_t *b = row + (size_t)(i >> 5) * 34; /* Q8_0 */
+    uint16_t dh;
+    memcpy(&dh, b, 2);
+    __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + (i & 31))));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss(dh)));
 }
 
 /* [sum(a[0]) .. sum(a[7])] */
@@ -822,6 +846,8 @@ KV_AVX512 static void att_scores_r4_avx512(float *s, const float *qf, int R, int
     }
     if (kt == KV_TYPE_F16) {
         SCORES_RK(KV_TYPE_F16)
+    } else if (kt == KV_TYPE_Q8_0) {
+        SCORES_RK(KV_TYPE_Q8_0)
     } else {
         SCORES_RK(KV_TYPE_F32)
     }
@@ -860,32 +886,33 @@ pv_r4_tile(float *acc, const float *p, const int R, const int NV, int hdv, int d
         for (int k = 0; k < NV; k++) _mm512_storeu_ps(acc + (size_t)r * hdv + d + 16 * k, a[r][k]);
 }
 
-#define PV_R4_CASE(RR)                                                                       \
+#define PV_R4_CASE(RR, VT)                                                                   \
     case RR:                                                                                 \
-        for (d = 0; d + 64 <= hdv; d += 64) pv_r4_tile(acc, p, RR, 4, hdv, d, V, vr, vt, n); \
-        for (; d < hdv; d += 16) pv_r4_tile(acc, p, RR, 1, hdv, d, V, vr, vt, n);            \
+        for (d = 0; d + 64 <= hdv; d += 64) pv_r4_tile(acc, p, RR, 4, hdv, d, V, vr, VT, n); \
+        for (; d < hdv; d += 16) pv_r4_tile(acc, p, RR, 1, hdv, d, V, vr, VT, n);            \
         break;
 
 KV_AVX512 static void att_pv_r4_avx512(float *acc, const float *p, int R, int hdv, const uint8_t *V, size_t vr,
                                        int vt, int n) {
     int d;
-    if (vt == KV_TYPE_F16) {
-        const int vt = KV_TYPE_F16; /* a constant in the instantiations */
-        switch (R) {
-            PV_R4_CASE(1)
-            PV_R4_CASE(2)
-            PV_R4_CASE(3)
-            PV_R4_CASE(4)
-        }
-    } else {
-        const int vt = KV_TYPE_F32;
-        switch (R) {
-            PV_R4_CASE(1)
-            PV_R4_CASE(2)
-            PV_R4_CASE(3)
-            PV_R4_CASE(4)
-        }
+    /* R and the V type as constants in each instantiation */
+#define PV_R4_TYPE(VT)                 \
+    {                                  \
+        const int vt_c = VT;           \
+        switch (R) {                   \
+            PV_R4_CASE(1, vt_c)        \
+            PV_R4_CASE(2, vt_c)        \
+            PV_R4_CASE(3, vt_c)        \
+            PV_R4_CASE(4, vt_c)        \
+        }                              \
     }
+    if (vt == KV_TYPE_F16)
+        PV_R4_TYPE(KV_TYPE_F16)
+    else if (vt == KV_TYPE_Q8_0)
+        PV_R4_TYPE(KV_TYPE_Q8_0)
+    else
+        PV_R4_TYPE(KV_TYPE_F32)
+#undef PV_R4_TYPE
 }
 #endif
 

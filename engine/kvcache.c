@@ -23,9 +23,18 @@ kv_status kv_kvcache_create(int n_layer, int n_head_kv, int head_dim, int head_d
     if (n_layer <= 0 || n_head_kv <= 0 || head_dim <= 0 || head_dim_v <= 0 || n_ctx <= 0)
         return kv_fail(e, KV_ERR_ARG, "kv cache: bad shape (layers %d, heads %d, dims %d/%d, ctx %d)",
                        n_layer, n_head_kv, head_dim, head_dim_v, n_ctx);
-    if ((ktype != 0 && ktype != 1) || (vtype != 0 && vtype != 1))
-        return kv_fail(e, KV_ERR_UNSUPPORTED, "kv cache: type %d/%d not supported (F16 or F32)",
-                       ktype, vtype);
+    const int types[2] = {ktype, vtype}, dims[2] = {head_dim, head_dim_v};
+    for (int i = 0; i < 2; i++) {
+        if (types[i] != KV_TYPE_F32 && types[i] != KV_TYPE_F16 && types[i] != KV_TYPE_Q8_0) {
+            const kv_type_traits *tr = kv_type_traits_get(types[i]);
+            return kv_fail(e, KV_ERR_UNSUPPORTED, "kv cache: %s type %s not supported (F16, F32 or Q8_0)",
+                           i ? "V" : "K", tr ? tr->name : "unknown");
+        }
+        if (types[i] == KV_TYPE_Q8_0 && dims[i] % 32 != 0)
+            return kv_fail(e, KV_ERR_UNSUPPORTED,
+                           "kv cache: Q8_0 needs a head size that is a multiple of 32 (%s head size %d)",
+                           i ? "V" : "K", dims[i]);
+    }
     size_t krow = kv_row_size(ktype, head_dim), vrow = kv_row_size(vtype, head_dim_v);
     uint64_t rows = (uint64_t)n_layer * (uint64_t)n_head_kv * (uint64_t)n_ctx;
     if (rows > (uint64_t)SIZE_MAX / (krow > vrow ? krow : vrow))

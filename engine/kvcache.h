@@ -8,7 +8,8 @@
  *   V of layer l, head h:  (n_ctx, head_dim_v) rows of kv_row_size(vtype, head_dim_v) bytes
  * i.e. per layer (n_head_kv, n_ctx, head_dim): all positions of one head are
  * contiguous, so a query head group streams its K and V rows linearly.
- * K and V types: F16 (default) or F32.
+ * K and V types: F16 (default), F32, or Q8_0 (blocks of 32 int8 with an f16
+ * scale, 8.5 bits per value; head sizes multiple of 32).
  */
 #ifndef KV_KVCACHE_H
 #define KV_KVCACHE_H

@@ -126,6 +126,11 @@ size_t kv_utf8_complete_prefix(const char *buf, size_t n);
 enum { KV_LOGITS_NONE = 0, KV_LOGITS_LAST = 1, KV_LOGITS_ALL = 2 };
 
 kv_status kv_session_open(kv_model *m, int n_ctx, kv_session **out, kv_error *e);
+/* The same with the cache's K and V storage types (ggml type ids): F16
+ * (kv_session_open's choice), F32, or Q8_0 (half the bytes of F16; head
+ * sizes multiple of 32). Other types: KV_ERR_UNSUPPORTED naming them. */
+kv_status kv_session_open_ex(kv_model *m, int n_ctx, int ktype, int vtype, kv_session **out,
+                             kv_error *e);
 void kv_session_close(kv_session *s); /* NULL is fine */
 
 /* Appends n tokens and runs the forward pass (chunked internally, so a long

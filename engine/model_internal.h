@@ -72,10 +72,6 @@ struct kv_session {
     size_t mm_scratch_size;
 };
 
-/* Opens a session with explicit K/V storage types (F16 = 1, F32 = 0). */
-kv_status kv_session_open_ex(kv_model *m, int n_ctx, int ktype, int vtype, kv_session **out,
-                             kv_error *e);
-
 /* Runs the transformer over T <= KV_CHUNK tokens ids at positions
  * s->pos .. s->pos+T-1 (their K/V are written to the cache). Writes logits
  * for the last token (mode KV_LOGITS_LAST: logits (n_vocab)) or for every

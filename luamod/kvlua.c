@@ -520,6 +520,9 @@ static int l_session_new(lua_State *L) {
     if (l_opt_field(L, 2, "cache") != LUA_TNIL)
         luaL_error(L, "option 'cache': shared KV caches are not available in this version");
     lua_pop(L, 1);
+    /* the private cache's storage: "f16" (default), "f32", "q8_0" */
+    int kt = l_parse_kv_type(L, l_opt_str(L, 2, "ktype", "f16"));
+    int vt = l_parse_kv_type(L, l_opt_str(L, 2, "vtype", "f16"));
     if (!in->has_weights) return l_fail(L, "model has no weights (vocabulary-only file)");
 
     /* user values: 1 model, 2 last Logits, 3 table of Lua-side fields */
@@ -532,7 +535,7 @@ static int l_session_new(lua_State *L) {
 
     kv_error e = {{0}};
     kv_session *s = NULL;
-    if (kv_session_open(lm->m, (int)ctx, &s, &e) != KV_OK) return l_fail(L, e.msg);
+    if (kv_session_open_ex(lm->m, (int)ctx, kt, vt, &s, &e) != KV_OK) return l_fail(L, e.msg);
     ls->s = s;
     ls->lm = lm;
     lm->sessions++;

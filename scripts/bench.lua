@@ -9,11 +9,13 @@
 -- with scripts/bench-compare.sh (side by side, interleaved).
 local usage = [[
 usage: lua5.4 scripts/bench.lua [--model PATH] [--threads N] [--reps N]
-                                [--decode N] [--prefill 128,512] [--depth 16,512,1792] [--json]
+                                [--decode N] [--prefill 128,512] [--depth 16,512,1792]
+                                [--kv f16|q8_0|f32] [--json]
 ]]
 local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
 local o = common.parse(arg, {
   model = "", threads = 0, reps = 3, decode = 64, prefill = "128,512", depth = "16,512,1792", json = false,
+  kv = "f16",
 }, usage)
 
 local function list(s)
@@ -67,7 +69,7 @@ local result = {
   prefill = {}, decode = {}, ttft_ms = {},
 }
 
-local s = assert(model:session { ctx = ctx })
+local s = assert(model:session { ctx = ctx, ktype = o.kv, vtype = o.kv })
 result.kv_bytes = s:stats().kv_bytes
 -- warm-up (page in the weights)
 s:prefill(ids(32, 7))
@@ -103,7 +105,7 @@ for _ = 1, o.reps do
 end
 
 local out = { model = result.model, arch = result.arch, threads = result.threads,
-  kv_bytes = result.kv_bytes, ctx = ctx, peak_rss = common.peak_rss(),
+  kv_bytes = result.kv_bytes, kv_type = o.kv, ctx = ctx, peak_rss = common.peak_rss(),
   itl_ms = { p50 = pct(itl_all, 50) * 1e3, p90 = pct(itl_all, 90) * 1e3, p99 = pct(itl_all, 99) * 1e3 } }
 out.prefill_tps, out.decode_tps, out.ttft_ms = {}, {}, {}
 for k, v in pairs(result.prefill) do out.prefill_tps[tostring(k)] = median(v) end
@@ -136,8 +138,8 @@ if o.json then
   end
   print(enc(out))
 else
-  print(string.format("model %s (%s), %d threads, KV %.1f MiB at ctx %d, peak RSS %.1f MiB",
-    out.model, out.arch, out.threads, out.kv_bytes / 2 ^ 20, ctx, (out.peak_rss or 0) / 2 ^ 20))
+  print(string.format("model %s (%s), %d threads, KV %.1f MiB (%s) at ctx %d, peak RSS %.1f MiB",
+    out.model, out.arch, out.threads, out.kv_bytes / 2 ^ 20, o.kv, ctx, (out.peak_rss or 0) / 2 ^ 20))
   for _, k in ipairs(keys(out.prefill_tps)) do
     print(string.format("prefill %5s tokens: %8.1f tok/s  (TTFT %.1f ms)", k, out.prefill_tps[k], out.ttft_ms[k]))
   end

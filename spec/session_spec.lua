@@ -651,3 +651,66 @@ describe("sessions on SmolLM2-135M-Instruct", function()
     s:close()
   end)
 end)
+
+-- ==== KV cache storage types ========================================================
+
+describe("model:session{ ktype =, vtype = } (the private cache's storage)", function()
+  -- head size 32 (128 / 4 heads), so Q8_0 blocks fit
+  local m32
+  setup(function()
+    m32 = assert(kvlua.load(tiny.llama { seed = 9, n_embd = 128, n_head = 4, n_head_kv = 2 }, { threads = 1 }))
+  end)
+  teardown(function() if m32 then m32:close() end end)
+
+  local ids = some_ids(40, 64, 77)
+
+  it("q8_0: about half the bytes of f16, as model:kv_bytes says", function()
+    local f = assert(m32:session { ctx = 100 })
+    local q = assert(m32:session { ctx = 100, ktype = "q8_0", vtype = "q8_0" })
+    local mixed = assert(m32:session { ctx = 100, ktype = "f16", vtype = "q8_0" })
+    -- per stored row of 32 values: f16 64 bytes, q8_0 34 (32 int8 + an f16 scale)
+    assert.equals(f:stats().kv_bytes * 34 // 64, q:stats().kv_bytes)
+    assert.equals(f:stats().kv_bytes * (64 + 34) // 128, mixed:stats().kv_bytes)
+    assert.equals(m32:kv_bytes { ctx = 100, ktype = "q8_0", vtype = "q8_0" }, q:stats().kv_bytes)
+    assert.equals(m32:kv_bytes { ctx = 100, vtype = "q8_0" }, mixed:stats().kv_bytes)
+    f:close(); q:close(); mixed:close()
+  end)
+
+  it("q8_0 logits stay near the f16 ones, and are not the same numbers", function()
+    local f = assert(m32:session { ctx = 64 })
+    local q = assert(m32:session { ctx = 64, ktype = "q8_0", vtype = "q8_0" })
+    local lf, lq = assert(f:prefill(ids)), assert(q:prefill(ids))
+    local d = max_diff(lf, lq)
+    assert.is_true(d > 0, "q8_0 cache gave bit-identical logits: not used?")
+    assert.is_true(rms_diff(lf, lq) < 0.05 * math.max(1, math.abs(lf:get(lf:argmax()))),
+      string.format("rms %.4g", rms_diff(lf, lq)))
+    f:close(); q:close()
+  end)
+
+  it("q8_0: decode steps agree with one prefill of the same tokens", function()
+    local a = assert(m32:session { ctx = 64, ktype = "q8_0", vtype = "q8_0" })
+    local b = assert(m32:session { ctx = 64, ktype = "q8_0", vtype = "q8_0" })
+    local all = assert(a:prefill(ids, { logits = "all" }))
+    local l
+    for i = 1, #ids do l = assert(b:decode(ids[i])) end
+    assert_close(all:row(#ids), l, 1e-3, "last row")
+    a:close(); b:close()
+  end)
+
+  it("refuses q8_0 for a head size that is not a multiple of 32, naming the reason", function()
+    local s, err = model:session { ctx = 16, ktype = "q8_0" } -- head size 8
+    assert.is_nil(s)
+    assert.matches("multiple of 32", err)
+  end)
+
+  it("refuses a type the cache cannot store, naming it", function()
+    local s, err = m32:session { ctx = 16, vtype = "q4_0" }
+    assert.is_nil(s)
+    assert.matches("Q4_0", err)
+  end)
+
+  it("raises on an unknown type name or a non-string", function()
+    assert.has_error(function() m32:session { ctx = 16, ktype = "q9" } end)
+    assert.has_error(function() m32:session { ctx = 16, vtype = 8 } end)
+  end)
+end)

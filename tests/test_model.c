@@ -232,7 +232,21 @@ static void ref_rope(double *v, int hd, int pos, double base, double scale, cons
 }
 
 /* logits(N, n_vocab) for the token sequence ids(N). */
-static void ref_forward(const cfg *c, const weights *w, const int32_t *ids, int N, float *logits) {
+/* A K/V head vector through a Q8_0 cache row and back: per block of 32,
+ * d = amax / 127 stored as f16, q = round(x / d) (ggml's reference
+ * quantizer). */
+static void ref_q8_0_round(double *v, int n) {
+    for (int b = 0; b < n; b += 32) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf((float)v[b + i]));
+        float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+        double dh = kv_f16_to_f32(kv_f32_to_f16(d));
+        for (int i = 0; i < 32; i++) v[b + i] = roundf((float)v[b + i] * id) * dh;
+    }
+}
+
+/* kv_q8: K and V go through a Q8_0 cache (ref_q8_0_round). */
+static void ref_forward(const cfg *c, const weights *w, const int32_t *ids, int N, float *logits, bool kv_q8) {
     const int E = c->n_embd, H = c->n_head, KH = c->n_kv, hd = c->head_dim, F = c->n_ff, V = c->n_vocab;
     const bool gemma = is_gemma(c), neox = gemma || is_qwen(c);
     const double eps = 1e-5;
@@ -265,6 +279,10 @@ static void ref_forward(const cfg *c, const weights *w, const int32_t *ids, int 
                 double *k = K + ((size_t)t * KH + hh) * hd;
                 if (gemma) ref_rmsnorm(k, k, w->l[il].k_norm, hd, eps);
                 ref_rope(k, hd, t, base, rscale, w->rope_freqs, neox);
+                if (kv_q8) {
+                    ref_q8_0_round(k, hd);
+                    ref_q8_0_round(Vv + ((size_t)t * KH + hh) * hd, hd);
+                }
             }
         }
         for (int t = 0; t < N; t++) {
@@ -367,23 +385,47 @@ static void check_forward(const char *name, cfg c, int N, double tol) {
     make_ids(ids, N, V);
     float *ref = malloc(sizeof(float) * N * V), *all = malloc(sizeof(float) * N * V);
     float *last = malloc(sizeof(float) * V), *step = malloc(sizeof(float) * N * V);
-    ref_forward(&c, &w, ids, N, ref);
+    ref_forward(&c, &w, ids, N, ref, false);
+    float *ref_q8 = NULL;
+    if (c.head_dim % 32 == 0) {
+        ref_q8 = malloc(sizeof(float) * N * V);
+        ref_forward(&c, &w, ids, N, ref_q8, true);
+    }
 
-    for (int kvt = 0; kvt < 2; kvt++) {
-        int ktype = kvt == 0 ? KV_TYPE_F16 : KV_TYPE_F32;
-        const char *kn = kvt == 0 ? "f16 kv" : "f32 kv";
-        double t = kvt == 0 ? tol : tol / 4;
+    for (int kvt = 0; kvt < 3; kvt++) {
+        const int types[3] = {KV_TYPE_F16, KV_TYPE_F32, KV_TYPE_Q8_0};
+        const char *names[3] = {"f16 kv", "f32 kv", "q8_0 kv"};
+        /* Q8_0: against a reference whose K/V go through Q8_0 too (in
+         * doubles, so a few values land on the other side of a rounding
+         * step: a looser bound) */
+        const double tols[3] = {tol, tol / 4, tol * 2.5};
+        int ktype = types[kvt];
+        const char *kn = names[kvt];
+        double t = tols[kvt];
         kv_session *s = NULL;
-        if (kv_session_open_ex(m, N + 4, ktype, ktype, &s, &e) != KV_OK) {
+        kv_status so = kv_session_open_ex(m, N + 4, ktype, ktype, &s, &e);
+        if (ktype == KV_TYPE_Q8_0 && c.head_dim % 32 != 0) {
+            snprintf(label, sizeof label, "%s: q8_0 kv refused for head size %d", name, c.head_dim);
+            report(so == KV_ERR_UNSUPPORTED && strstr(e.msg, "multiple of 32"), label, "status %d (%s)", so, e.msg);
+            kv_session_close(s);
+            continue;
+        }
+        if (so != KV_OK) {
             snprintf(label, sizeof label, "%s: session (%s)", name, kn);
             report(false, label, "%s", e.msg);
             continue;
         }
         /* prefill, all rows */
+        const float *want = ktype == KV_TYPE_Q8_0 ? ref_q8 : ref;
         kv_status st = kv_session_eval(s, ids, N, KV_LOGITS_ALL, all, &e);
-        double err = st ? 1e9 : rel_err(all, ref, (size_t)N * V);
+        double err = st ? 1e9 : rel_err(all, want, (size_t)N * V);
         snprintf(label, sizeof label, "%s: prefill %d, all logits vs reference (%s)", name, N, kn);
         report(st == KV_OK && err <= t, label, "status %d (%s), rel err %.3g > %.3g", st, e.msg, err, t);
+        if (ktype == KV_TYPE_Q8_0) { /* and nearer it than the exact forward pass */
+            double exact = st ? 1e9 : rel_err(all, ref, (size_t)N * V);
+            snprintf(label, sizeof label, "%s: q8_0 kv nearer the q8_0 reference than the exact one", name);
+            report(err < exact, label, "%.3g vs %.3g", err, exact);
+        }
         /* prefill, last row */
         kv_session_rewind(s, N);
         st = kv_session_eval(s, ids, N, KV_LOGITS_LAST, last, &e);
@@ -396,7 +438,7 @@ static void check_forward(const char *name, cfg c, int N, double tol) {
         bool ok = kv_session_pos(s) == 0;
         for (int i = 0; i < N && ok; i++)
             ok = kv_session_eval(s, ids + i, 1, KV_LOGITS_LAST, step + (size_t)i * V, &e) == KV_OK;
-        err = ok ? rel_err(step, ref, (size_t)N * V) : 1e9;
+        err = ok ? rel_err(step, want, (size_t)N * V) : 1e9;
         snprintf(label, sizeof label, "%s: %d decode steps vs reference (%s)", name, N, kn);
         report(ok && err <= t, label, "%s rel err %.3g > %.3g", ok ? "" : e.msg, err, t);
         err = ok ? rel_err(step, all, (size_t)N * V) : 1e9;
@@ -416,7 +458,12 @@ static void check_forward(const char *name, cfg c, int N, double tol) {
         kv_session_close(s);
     }
     kv_model_close(m);
-    free(ids), free(ref), free(all), free(last), free(step);
+    if (ref_q8 && N >= 8) { /* the Q8_0 cache is a real change, which the check above sees */
+        snprintf(label, sizeof label, "%s: the q8_0 reference differs from the exact one", name);
+        double d = rel_err(ref_q8, ref, (size_t)N * V);
+        report(d > tol / 4, label, "rel diff %.3g", d);
+    }
+    free(ids), free(ref), free(ref_q8), free(all), free(last), free(step);
     weights_free(&w);
 }
 
@@ -448,7 +495,7 @@ static void check_sessions(void) {
     int32_t ids[12];
     make_ids(ids, 12, V);
     float *ref = malloc(sizeof(float) * 12 * V), *lg = malloc(sizeof(float) * 12 * V);
-    ref_forward(&c, &w, ids, 12, ref);
+    ref_forward(&c, &w, ids, 12, ref, false);
 
     kv_session *s = NULL;
     kv_status st = kv_session_open(m, 8, &s, &e);
@@ -507,7 +554,7 @@ out:
         int32_t *lid = malloc(sizeof(int32_t) * N);
         make_ids(lid, N, c.n_vocab);
         float *r = malloc(sizeof(float) * N * c.n_vocab), *a = malloc(sizeof(float) * N * c.n_vocab);
-        ref_forward(&c, &w, lid, N, r);
+        ref_forward(&c, &w, lid, N, r, false);
         s = NULL;
         st = kv_session_open(m, N, &s, &e);
         if (!st) st = kv_session_eval(s, lid, N, KV_LOGITS_ALL, a, &e);
@@ -592,7 +639,7 @@ static void check_types(void) {
         int32_t ids[6];
         make_ids(ids, N, V);
         float *r = malloc(sizeof(float) * N * V), *a = malloc(sizeof(float) * N * V);
-        ref_forward(&c, &w, ids, N, r);
+        ref_forward(&c, &w, ids, N, r, false);
         kv_session *s = NULL;
         kv_status st = kv_session_open(m, N, &s, &e);
         if (!st) st = kv_session_eval(s, ids, N, KV_LOGITS_ALL, a, &e);
@@ -674,6 +721,11 @@ int main(void) {
     c = base_llama();
     c.window = 3;
     check_forward("llama sliding window 3", c, 10, 2e-3);
+    c = base_llama();
+    c.n_head = 6; /* groups of 3 query heads, head size 32 (Q8_0 cache too) */
+    c.n_kv = 2;
+    c.head_dim = 32;
+    check_forward("llama gqa 6:2 head 32", c, 11, 2e-3);
     c = base_llama();
     c.arch = "qwen2";
     c.tied = true;

@@ -55,10 +55,10 @@ def pct(xs, p):
     return float(np.percentile(np.asarray(xs, dtype=np.float64), p))
 
 
-def bench(path, threads, n_decode, reps=1, prefills=PREFILL_SIZES, depths=DECODE_DEPTHS):
+def bench(path, threads, n_decode, reps=1, prefills=PREFILL_SIZES, depths=DECODE_DEPTHS, kv="f16"):
     t0 = time.perf_counter()
     n_ctx = max(N_CTX, max(depths) + n_decode + 16)
-    ref = refimpl.Ref(path, n_ctx=n_ctx, n_threads=threads, n_batch=N_BATCH)
+    ref = refimpl.Ref(path, n_ctx=n_ctx, n_threads=threads, n_batch=N_BATCH, kv_type=kv)
     load_s = time.perf_counter() - t0
     toks = prompt_tokens(ref, max(max(prefills), max(depths) + n_decode))
 
@@ -178,11 +178,17 @@ def main():
     ap.add_argument("--depth", default="16,512,1792")
     ap.add_argument("--backend", default="llama-cpp-python", choices=["llama-cpp-python", "xllamacpp"],
                     help="which llama.cpp package to time (default: llama-cpp-python)")
+    ap.add_argument("--kv", default="f16", choices=["f16", "f32", "q8_0"],
+                    help="K/V cache type (llama-cpp-python only)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
-    fn = bench if a.backend == "llama-cpp-python" else bench_xllamacpp
-    res = fn(a.model, a.threads, a.decode, a.reps, ints(a.prefill), ints(a.depth))
+    if a.backend == "llama-cpp-python":
+        res = bench(a.model, a.threads, a.decode, a.reps, ints(a.prefill), ints(a.depth), a.kv)
+    else:
+        if a.kv != "f16":
+            ap.error("--kv needs --backend llama-cpp-python")
+        res = bench_xllamacpp(a.model, a.threads, a.decode, a.reps, ints(a.prefill), ints(a.depth))
     if a.json:
         print(json.dumps(res))
         return

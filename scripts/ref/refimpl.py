@@ -59,7 +59,8 @@ def version():
 
 
 class Ref:
-    def __init__(self, path, n_ctx=512, n_threads=2, n_batch=512, n_ubatch=None, flash_attn=None):
+    def __init__(self, path, n_ctx=512, n_threads=2, n_batch=512, n_ubatch=None, flash_attn=None,
+                 kv_type=None):
         global _backend_ready, _LOG_CB
         if not _backend_ready:
             _LOG_CB = _quiet_log()
@@ -81,6 +82,9 @@ class Ref:
         cp.n_threads = n_threads
         cp.n_threads_batch = n_threads
         cp.no_perf = False
+        if kv_type is not None:  # "f16" (default), "f32", "q8_0": the K and V cache type
+            t = {"f32": 0, "f16": 1, "q8_0": 8}[kv_type]
+            cp.type_k = cp.type_v = t
         if flash_attn is not None:  # None: llama.cpp's default (auto: on for the CPU)
             cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
