@@ -8,13 +8,17 @@ which is on for the CPU).
 For each variant and model: how many greedy 32-token continuations are
 identical to the baseline's, and the RMS / max difference of the baseline's
 top-10 logits at the last prompt position. This is the noise floor any
-second engine is up against.
+second engine is up against. "stored fixture" compares the baseline with the
+fixture file itself (same llama.cpp version, recorded on whatever CPU ran
+gen-fixtures.py).
 
     python3 scripts/ref/selfcheck.py [--models smollm2,gemma3]
 """
 import argparse
 import importlib.util
+import json
 import os
+import subprocess
 
 import numpy as np
 
@@ -33,6 +37,27 @@ VARIANTS = [
     ("n_ubatch 32", dict(n_threads=2, n_ubatch=32)),
     ("flash attention off", dict(n_threads=2, flash_attn=False)),
 ]
+
+
+# The stored fixture (tests/fixtures/ref_logits_<model>.lua) as JSON, through lua5.4.
+_DUMP = r"""
+local f = dofile(arg[1])
+local out = {}
+local function arr(t) local s = {} for i, v in ipairs(t) do s[i] = string.format("%.9g", v) end
+  return "[" .. table.concat(s, ",") .. "]" end
+for _, p in ipairs(f.prompts) do
+  out[#out + 1] = string.format('{"ids":%s,"greedy":%s,"top_ids":%s,"top_logits":%s}',
+    arr(p.ids), arr(p.greedy), arr(p.top_ids), arr(p.top_logits))
+end
+print("[" .. table.concat(out, ",") .. "]")
+"""
+
+
+def stored_fixture(name):
+    path = os.path.join(genfix.ROOT, "tests", "fixtures", "ref_logits_%s.lua" % name)
+    out = subprocess.run(["lua5.4", "-e", _DUMP.replace("arg[1]", repr(path))], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
 
 
 def run(path, kw, prompts):
@@ -58,7 +83,21 @@ def main():
         print("== %s: %d prompts; baseline = the fixtures' settings (%d threads, n_batch 512, "
               "flash attention auto)" % (name, len(prompts), genfix.N_THREADS))
         again = run(path, dict(n_threads=genfix.N_THREADS), prompts)
-        for label, res in [("baseline rerun", again)] + [(lb, run(path, kw, prompts)) for lb, kw in VARIANTS]:
+        # the stored fixture was recorded by the same llama.cpp version, maybe on another CPU
+        fixture = None
+        try:
+            fx = stored_fixture(name)
+            if [p["ids"] for p in fx] == prompts:
+                n_vocab = len(base[0][0])
+                fixture = []
+                for p in fx:
+                    lg = np.full(n_vocab, -1e30, dtype=np.float32)  # only its top logits are known
+                    lg[p["top_ids"]] = p["top_logits"]
+                    fixture.append((lg, p["greedy"]))
+        except (OSError, subprocess.CalledProcessError, ValueError) as err:
+            print("  (stored fixture not compared: %s)" % err)
+        runs = [("baseline rerun", again)] + ([("stored fixture", fixture)] if fixture else [])
+        for label, res in runs + [(lb, run(path, kw, prompts)) for lb, kw in VARIANTS]:
             same, sq, n, mx, first = 0, 0.0, 0, 0.0, []
             for (lb, gb), (lv, gv) in zip(base, res):
                 top = np.argsort(-lb, kind="stable")[:10]
