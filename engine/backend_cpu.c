@@ -526,7 +526,10 @@ static float exp_sub_sum_scalar(float *x, int n, float mx, float sc) {
 
 #define ATT_CHUNK 64 /* keys per softmax chunk */
 #ifndef ATT_PF
-#define ATT_PF 128   /* software prefetch distance of the decode kernels, in keys */
+#define ATT_PF 512   /* software prefetch distance of the decode kernels, in keys */
+#endif
+#ifndef ATT_HINT
+#define ATT_HINT _MM_HINT_T1 /* into L2: L1 has too few miss buffers for the distance */
 #endif
 
 /* Query tokens per task: the rows of a task are (token, head of the group),
@@ -792,7 +795,7 @@ scores_rk(float *s, const float *qf, const int R, const int NK, int hd, const ui
     for (; j + NK <= n; j += NK) {
         const uint8_t *Kj = K + (size_t)j * kr;
         /* the K rows ATT_PF keys ahead (the cache is usually not in L2) */
-        for (size_t o = 0; o < (size_t)NK * kr; o += 64) _mm_prefetch((const char *)Kj + ATT_PF * kr + o, _MM_HINT_T0);
+        for (size_t o = 0; o < (size_t)NK * kr; o += 64) _mm_prefetch((const char *)Kj + ATT_PF * kr + o, ATT_HINT);
         __m512 a[4][8];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
@@ -869,7 +872,7 @@ pv_r4_tile(float *acc, const float *p, const int R, const int NV, int hdv, int d
     for (int j = 0; j < n; j++) {
         const uint8_t *vj = V + (size_t)j * vr;
         if (d == 0)
-            for (size_t o = 0; o < vr; o += 64) _mm_prefetch((const char *)vj + ATT_PF * vr + o, _MM_HINT_T0);
+            for (size_t o = 0; o < vr; o += 64) _mm_prefetch((const char *)vj + ATT_PF * vr + o, ATT_HINT);
         __m512 pb[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) pb[r] = _mm512_set1_ps(p[(size_t)r * ATT_CHUNK + j]);
