@@ -39,6 +39,7 @@
 #define KV_AVX2_DECL KV_AVX2
 /* AVX-512 (F, VL, BW): 512-bit decode attention and 32 vector registers */
 #define KV_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")))
+#define KV_VNNI512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
 #endif
 
 typedef struct {
@@ -46,6 +47,7 @@ typedef struct {
     int nth;
     bool avx2; /* AVX2 + FMA + F16C usable */
     bool avx512; /* and AVX-512 F/VL/BW (decode attention) */
+    bool vnni;   /* and AVX512-VNNI (Q8_0 K scores in int8) */
     uint16_t *gelu_f16; /* (65536) gelu of every f16 value, as f16 (what llama.cpp's CPU path uses) */
     /* rope cache: cos/sin of the last (params, positions) seen, reused for
      * q and k and across layers sharing the same params */
@@ -836,6 +838,114 @@ scores_rk(float *s, const float *qf, const int R, const int NK, int hd, const ui
     }
 }
 
+
+/* ---- Q8_0 K against int8 queries (AVX512-VNNI), decode of R <= 4 rows ----
+ * Each query row is quantized like a Q8_0 block row (q8, with scale dq and
+ * quant sum qsum per block of 32; what llama.cpp does for a Q8_0 K cache).
+ * Per 64 dims (two blocks) one vpdpbusd per (row, key) multiplies the key's
+ * quants, biased to unsigned (k + 128), with the row's: sum (k + 128) q =
+ * sum k q + 128 qsum. The int32 lanes of 8 keys are reduced together to
+ * (key, block) sums, then scaled by dk * dq in floats. */
+KV_VNNI512 static inline __m512i q8_key64(const uint8_t *row, int c) {
+    const uint8_t *b = row + (size_t)c * 68; /* blocks 2c, 2c + 1: 34 bytes each */
+    __m512i k = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 2))),
+                                   _mm256_loadu_si256((const __m256i *)(b + 36)), 1);
+    return _mm512_xor_si512(k, _mm512_set1_epi8((char)0x80));
+}
+
+/* 8 vectors of 16 int32 (one per key: lanes 0-7 block 0, 8-15 block 1) ->
+ * [keys 0-3 block 0 | keys 0-3 block 1 | keys 4-7 block 0 | keys 4-7 block 1] */
+KV_VNNI512 static inline __m512i reduce_keys8(const __m512i a[8]) {
+    __m512i h[4];
+    for (int i = 0; i < 4; i++)
+        h[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]),
+                                _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
+    __m512i r0 = _mm512_add_epi32(_mm512_unpacklo_epi64(h[0], h[1]), _mm512_unpackhi_epi64(h[0], h[1]));
+    __m512i r1 = _mm512_add_epi32(_mm512_unpacklo_epi64(h[2], h[3]), _mm512_unpackhi_epi64(h[2], h[3]));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* sum a[i] b[i] over 32 int8. Kept out of the VNNI-target functions: GCC 12
+ * vectorizes this signed x signed loop there into vpdpbusd, which treats one
+ * side as unsigned (wrong sums for negative quants). */
+static int32_t dot_i8_32(const int8_t *a, const int8_t *b) {
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) s += (int32_t)a[i] * (int32_t)b[i];
+    return s;
+}
+
+/* q8 (R, hd) quants, dq / qsum (R, hd/32); hd % 64 == 0; R constant */
+KV_VNNI512 static inline __attribute__((always_inline)) void
+scores_q8_r(float *s, const int8_t *q8, const float *dq, const int32_t *qsum, const int R, int hd, const uint8_t *K,
+            size_t kr, int n) {
+    const int nc = hd / 64, nb = hd / 32;
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const uint8_t *Kj = K + (size_t)j * kr;
+        for (size_t o = 0; o < 8 * kr; o += 64) _mm_prefetch((const char *)Kj + ATT_PF * kr + o, ATT_HINT);
+        __m512 S[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int c = 0; c < nc; c++) {
+            __m512i kz[8];
+            _Alignas(64) float dk[16];
+            for (int k = 0; k < 8; k++) {
+                const uint8_t *row = Kj + (size_t)k * kr, *b = row + (size_t)c * 68;
+                uint16_t h0, h1;
+                memcpy(&h0, b, 2);
+                memcpy(&h1, b + 34, 2);
+                dk[(k / 4) * 8 + k % 4] = _cvtsh_ss(h0);
+                dk[(k / 4) * 8 + 4 + k % 4] = _cvtsh_ss(h1);
+                kz[k] = q8_key64(row, c);
+            }
+            const __m512 dkv = _mm512_load_ps(dk);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m512i qz = _mm512_loadu_si512((const void *)(q8 + (size_t)r * hd + 64 * c));
+                __m512i a[8];
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) a[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kz[k], qz);
+                /* [b0 x4 | b1 x4 | b0 x4 | b1 x4] of this row's two blocks */
+                const float d0 = dq[r * nb + 2 * c], d1 = dq[r * nb + 2 * c + 1];
+                const int32_t c0 = 128 * qsum[r * nb + 2 * c], c1 = 128 * qsum[r * nb + 2 * c + 1];
+                const __m512 dqv = _mm512_setr_ps(d0, d0, d0, d0, d1, d1, d1, d1, d0, d0, d0, d0, d1, d1, d1, d1);
+                const __m512i cv = _mm512_setr_epi32(c0, c0, c0, c0, c1, c1, c1, c1, c0, c0, c0, c0, c1, c1, c1, c1);
+                __m512i t = _mm512_sub_epi32(reduce_keys8(a), cv);
+                S[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dkv, dqv), S[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 t = _mm512_add_ps(S[r], _mm512_shuffle_f32x4(S[r], S[r], _MM_SHUFFLE(2, 3, 0, 1)));
+            _mm_storeu_ps(s + (size_t)r * ATT_CHUNK + j, _mm512_castps512_ps128(t));
+            _mm_storeu_ps(s + (size_t)r * ATT_CHUNK + j + 4, _mm512_extractf32x4_ps(t, 2));
+        }
+    }
+    for (; j < n; j++) { /* the same sums, one key at a time */
+        const uint8_t *row = K + (size_t)j * kr;
+        for (int r = 0; r < R; r++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = row + (size_t)b * 34;
+                uint16_t h;
+                memcpy(&h, blk, 2);
+                int32_t is = dot_i8_32((const int8_t *)blk + 2, q8 + (size_t)r * hd + 32 * b);
+                acc += (float)is * (_cvtsh_ss(h) * dq[r * nb + b]);
+            }
+            s[(size_t)r * ATT_CHUNK + j] = acc;
+        }
+    }
+}
+
+KV_VNNI512 static void att_scores_q8_vnni(float *s, const int8_t *q8, const float *dq, const int32_t *qsum, int R,
+                                          int hd, const uint8_t *K, size_t kr, int n) {
+    switch (R) {
+    case 1: scores_q8_r(s, q8, dq, qsum, 1, hd, K, kr, n); break;
+    case 2: scores_q8_r(s, q8, dq, qsum, 2, hd, K, kr, n); break;
+    case 3: scores_q8_r(s, q8, dq, qsum, 3, hd, K, kr, n); break;
+    default: scores_q8_r(s, q8, dq, qsum, 4, hd, K, kr, n); break;
+    }
+}
+
 /* Scores for R <= 4 rows (decode of a small GQA group). */
 KV_AVX512 static void att_scores_r4_avx512(float *s, const float *qf, int R, int hd, const uint8_t *K, size_t kr,
                                            int kt, int n) {
@@ -965,6 +1075,28 @@ static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, i
         }
     }
     memset(acc, 0, sizeof(float) * R * hdv);
+#ifdef KV_X86
+    /* Q8_0 K with VNNI: the query rows as int8 blocks (in kf's space) */
+    const bool q8k = wide && J->c->vnni && kt == KV_TYPE_Q8_0 && R <= 4 && hd % 64 == 0;
+    int8_t *q8 = (int8_t *)kf;                          /* (R, hd) */
+    float *dq = (float *)(q8 + (size_t)R * hd);         /* (R, hd/32) */
+    int32_t *qsum = (int32_t *)(dq + (size_t)R * hd / 32); /* (R, hd/32) */
+    if (q8k) {
+        for (int r = 0; r < R; r++) {
+            for (int b = 0; b < hd / 32; b++) {
+                uint8_t blk[34];
+                kv_quantize_row(KV_TYPE_Q8_0, qf + (size_t)r * hd + 32 * b, blk, 32);
+                uint16_t h;
+                memcpy(&h, blk, 2);
+                dq[r * (hd / 32) + b] = kv_f16_to_f32(h);
+                int32_t sq = 0;
+                for (int i = 0; i < 32; i++) sq += (int8_t)blk[2 + i];
+                qsum[r * (hd / 32) + b] = sq;
+                memcpy(q8 + (size_t)r * hd + 32 * b, blk + 2, 32);
+            }
+        }
+    }
+#endif
     /* this slice of the union range */
     const int nkeys = kmax - kmin + 1, per = (nkeys + J->n_split - 1) / J->n_split;
     const int k0 = kmin + sp * per;
@@ -981,7 +1113,9 @@ static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, i
         if (n > nk) n = nk;
         if (n > nv) n = nv;
 #ifdef KV_X86
-        if (wide && R <= 4)
+        if (q8k)
+            att_scores_q8_vnni(s, q8, dq, qsum, R, hd, K, kr, n);
+        else if (wide && R <= 4)
             att_scores_r4_avx512(s, qf, R, hd, K, kr, kt, n);
         else if (simd)
             att_scores_avx2(s, qf, R, hd, K, kr, kt, n, kf);
@@ -1130,6 +1264,7 @@ kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
     /* KVLUA_SIMD=avx2 keeps the AVX2 paths (tests cover both) */
     c->avx512 = c->avx2 && strcmp(kv_simd_name(), "avx2") != 0 && __builtin_cpu_supports("avx512f") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+    c->vnni = c->avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
     c->gelu_f16 = malloc(sizeof(uint16_t) * 65536);
     if (c->gelu_f16)

@@ -818,7 +818,11 @@ void kv_vec_dot_ref(int wtype, int64_t n, float *out, const void *w_row, const v
 int kv_quantize_row(int type, const float *src, void *dst, int64_t n) {
     const kv_type_traits *t = kv_type_traits_get(type);
     if (!t || !quant_supported(type) || n < 0 || n % t->blck != 0) return -1;
-    quant_ref(type, src, dst, n);
+    const kv_kernels *k = kernels();
+    if (type < 64 && k->quant[type]) /* the SIMD quantizers write the same bytes */
+        k->quant[type](src, dst, n);
+    else
+        quant_ref(type, src, dst, n);
     return 0;
 }
 

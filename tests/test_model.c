@@ -450,7 +450,9 @@ static void check_forward(const char *name, cfg c, int N, double tol) {
         st = kv_session_eval(s, ids + half, N - half, KV_LOGITS_ALL, all, &e);
         err = st ? 1e9 : rel_err(all, step + (size_t)half * V, (size_t)(N - half) * V);
         snprintf(label, sizeof label, "%s: rewind %d and re-eval == decode (%s)", name, N - half, kn);
-        report(st == KV_OK && err <= 5e-4, label, "status %d, err %.3g", st, err);
+        /* Q8_0 K: decode of small groups takes int8 dot products with the query
+         * quantized too (VNNI), prefill blocks float ones: a little further apart */
+        report(st == KV_OK && err <= (ktype == KV_TYPE_Q8_0 ? 2e-3 : 5e-4), label, "status %d, err %.3g", st, err);
         const int32_t *toks = kv_session_tokens(s);
         ok = kv_session_pos(s) == N && memcmp(toks, ids, sizeof(int32_t) * N) == 0;
         snprintf(label, sizeof label, "%s: session tokens (%s)", name, kn);
@@ -726,6 +728,10 @@ int main(void) {
     c.n_kv = 2;
     c.head_dim = 32;
     check_forward("llama gqa 6:2 head 32", c, 11, 2e-3);
+    c = base_llama();
+    c.n_kv = 1; /* groups of 4 query heads, head size 64 (Q8_0 K through int8 dots on VNNI) */
+    c.head_dim = 64;
+    check_forward("llama mqa 4:1 head 64", c, 21, 2e-3);
     c = base_llama();
     c.arch = "qwen2";
     c.tied = true;
