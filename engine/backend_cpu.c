@@ -758,12 +758,11 @@ KV_AVX2 static void att_pv_avx2(float *acc, const float *p, int R, int hdv, cons
 }
 #endif
 
-
 #ifdef KV_X86
-/* ---- AVX-512 decode kernels: at most 4 rows (a small GQA group), F16 or
- * F32 K/V, head sizes multiple of 16 ---- */
+/* ---- AVX-512 decode kernels: at most 4 rows (a small GQA group), F16,
+ * F32 or Q8_0 K/V, head sizes multiple of 16 ---- */
 
-/* 16 floats of an F16 or F32 row from element i */
+/* 16 floats of a K/V row from element i (i % 16 == 0; Q8_0 dequantized) */
 KV_AVX512 static inline __m512 row16(const uint8_t *row, int t, int i) {
     if (t == KV_TYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
     if (t == KV_TYPE_F32) return _mm512_loadu_ps((const float *)row + i);
@@ -837,7 +836,6 @@ scores_rk(float *s, const float *qf, const int R, const int NK, int hd, const ui
         }
     }
 }
-
 
 /* ---- Q8_0 K against int8 queries (AVX512-VNNI), decode of R <= 4 rows ----
  * Each query row is quantized like a Q8_0 block row (q8, with scale dq and
