@@ -56,6 +56,8 @@ typedef struct {
     kv_rope_params rope_rp;
     int rope_T;
     int32_t *rope_pos;  /* (rope_cap) */
+    float *att_partial; /* split decode: segment states (grows with depth) */
+    size_t att_partial_cap;
 } cpu_ctx;
 
 /* ==== buffers and simple ops =============================================== */
@@ -511,7 +513,14 @@ KV_AVX2 static void silu_mul_avx2(float *gate, const float *up, int64_t n) {
         __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
         _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
     }
-    for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    if (i < n) { /* the tail through the same vector code, so an element's
+                  * result does not depend on where a range ends */
+        float g8[8] = {0}, u8[8] = {0};
+        memcpy(g8, gate + i, sizeof(float) * (size_t)(n - i));
+        memcpy(u8, up + i, sizeof(float) * (size_t)(n - i));
+        silu_mul_avx2(g8, u8, 8);
+        memcpy(gate + i, g8, sizeof(float) * (size_t)(n - i));
+    }
 }
 #endif
 
@@ -541,6 +550,22 @@ static int att_tokens_per_task(const kv_attn_params *ap) {
     return G >= 16 ? 1 : 16 / G;
 }
 
+/* The reduction order of a query row is fixed by key positions alone, so a
+ * row's output does not depend on the rows computed beside it, the chunk
+ * it came in, the split, or the thread count (what makes reused, forked
+ * and decoded-then-reused K/V give bit-identical results):
+ *   - keys go in chunks [64c, 64c + 64) of absolute positions (softmax
+ *     steps), read span by span through kv_kv_span;
+ *   - chunks form segments [256s, 256s + 256), each reduced from a fresh
+ *     state into (max, sum, acc), and segments are merged in position
+ *     order by att_merge, whether one task runs them all (prefill) or each
+ *     segment is a task of its own (decode: they run in parallel, and the
+ *     merge runs after);
+ *   - rows go through the kernels in groups of at most 4, and every kernel
+ *     computes a (row, key) score and a (row, key) P.V step the same way
+ *     whatever the group or the position of the key in its chunk. */
+#define ATT_SEG 256
+
 typedef struct {
     const cpu_ctx *c;
     const kv_kvcache *kv;
@@ -550,36 +575,33 @@ typedef struct {
     int pos0;
     float *out;     /* (T, n_head, head_dim_v) */
     float *work;
-    int n_split;    /* key slices per (token block, group) */
     int tb;         /* query tokens per task */
+    bool split;     /* one task per segment, partial states merged afterwards */
+    int seg0, n_seg; /* segments of the union key range (split) */
     size_t per_thread; /* floats of private scratch per thread */
-    float *partial; /* (n_split, T, n_head, head_dim_v + 2): acc, max, sum */
+    float *partial; /* split: (n_seg, T, n_head, head_dim_v + 2): acc, max, sum */
 } att_job;
 
-/* Floats of per-thread scratch for R rows: qf (R, hd), acc (R, hdv),
- * s (R, ATT_CHUNK), m, l (R), row ranges (2R), kf (hd, 8) (K rows, transposed). */
+/* Floats of per-thread scratch for R rows: qf (R, hd), acc and tot
+ * (R, hdv), s (R, ATT_CHUNK), m, l, M, L, lo, hi (R each), kf (hd, 8),
+ * and the int8 queries of Q8_0 K (R * hd bytes + 2 R hd/32 floats). */
 static size_t att_thread_floats(const kv_attn_params *ap) {
     size_t R = (size_t)(ap->n_head / ap->n_head_kv) * att_tokens_per_task(ap);
-    size_t n = R * ap->head_dim + R * ap->head_dim_v + R * ATT_CHUNK + 4 * R + 8 * (size_t)ap->head_dim;
+    size_t hd = (size_t)ap->head_dim;
+    size_t n = R * hd + 2 * R * ap->head_dim_v + R * ATT_CHUNK + 6 * R + 8 * hd + R * hd / 4 + 2 * R * (hd / 32 + 1);
     return (n + 15) & ~(size_t)15;
 }
 
-/* Key slices per (token block, KV head): few query rows (decode) split the
- * keys so every thread has work. Independent of the thread count, so
- * results do not change with it. */
-#define ATT_SPLIT 4
-static int att_split(const cpu_ctx *c, const kv_attn_params *ap, int64_t T) {
-    (void)c;
+/* Decode (few query rows) splits the keys into segments so every thread has
+ * work; the arithmetic is the same either way. */
+static bool att_split(const kv_attn_params *ap, int64_t T) {
     int64_t blocks = (T + att_tokens_per_task(ap) - 1) / att_tokens_per_task(ap);
-    return blocks * ap->n_head_kv >= 8 ? 1 : ATT_SPLIT;
+    return blocks * ap->n_head_kv < 8;
 }
 
 static size_t cpu_attn_scratch(kv_backend *b, const kv_attn_params *ap, int64_t T) {
     const cpu_ctx *c = b->ctx;
-    size_t n = (size_t)c->nth * att_thread_floats(ap);
-    int ns = att_split(c, ap, T);
-    if (ns > 1) n += (size_t)ns * T * ap->n_head * (ap->head_dim_v + 2);
-    return n;
+    return (size_t)c->nth * att_thread_floats(ap); /* split partials live in the backend (they grow with depth) */
 }
 
 /* ---- chunk kernels: scores S(R, n) = Qf(R, hd) . K(n, hd)^T and
@@ -644,66 +666,12 @@ KV_AVX2 static void att_pv3_avx2(float *acc, const float *p, int R, int hdv, con
     }
 }
 
-/* 8x8 transpose of r[0..8) (row k, lane d) -> (row d, lane k) */
-KV_AVX2 static inline void transpose8(__m256 r[8]) {
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
-/* Scores of 8 keys at once for many rows: the 8 K rows are transposed to
- * kT (hd, 8) so each row's 8 scores come out of plain FMAs, no horizontal
- * sums. s points at column j0 of S (R, ATT_CHUNK). hd % 8 == 0. */
-KV_AVX2 static void att_scores8_avx2(float *s, const float *qf, int R, int hd, const uint8_t *K,
-                                     size_t kr, int kt, float *kT) {
-    for (int i0 = 0; i0 < hd; i0 += 8) {
-        __m256 r[8];
-        for (int k = 0; k < 8; k++) {
-            const uint8_t *row = K + (size_t)k * kr;
-            r[k] = kv_load8(row, kt, i0);
-        }
-        transpose8(r);
-        for (int d = 0; d < 8; d++) _mm256_storeu_ps(kT + (size_t)(i0 + d) * 8, r[d]);
-    }
-    for (int rr = 0; rr < R; rr++) {
-        const float *q = qf + (size_t)rr * hd;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-        for (int i = 0; i < hd; i += 4) {
-            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + i), _mm256_loadu_ps(kT + (size_t)i * 8), a0);
-            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + i + 1), _mm256_loadu_ps(kT + (size_t)(i + 1) * 8), a1);
-            a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + i + 2), _mm256_loadu_ps(kT + (size_t)(i + 2) * 8), a2);
-            a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + i + 3), _mm256_loadu_ps(kT + (size_t)(i + 3) * 8), a3);
-        }
-        _mm256_storeu_ps(s + (size_t)rr * ATT_CHUNK, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    }
-}
-
 /* hd % 8 == 0 */
 KV_AVX2 static void att_scores_avx2(float *s, const float *qf, int R, int hd, const uint8_t *K,
                                     size_t kr, int kt, int n, float *kf) {
-    int j = 0;
-    if (R >= 4) { /* enough rows to pay for the transposes */
-        for (; j + 8 <= n; j += 8) {
-            for (int k = 0; k < 8; k++)
-                for (size_t o = 0; o < kr; o += 64)
-                    _mm_prefetch((const char *)K + (size_t)(j + k + ATT_CHUNK) * kr + o, _MM_HINT_T0);
-            att_scores8_avx2(s + j, qf, R, hd, K + (size_t)j * kr, kr, kt, kf);
-        }
-    }
-    for (; j < n; j++) {
+    /* one key at a time, every row alike (a row's scores must not depend
+     * on how many rows are computed beside it) */
+    for (int j = 0; j < n; j++) {
         const void *kj = K + (size_t)j * kr;
         const float *k = kj;
         /* the next chunk's rows: keep several memory reads in flight */
@@ -781,6 +749,13 @@ KV_AVX512 static inline __m256 reduce8x8(const __m256 a[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* One sum with reduce8x8's tree: ((h0 + h1) + (h2 + h3)) + ((h4 + h5) + (h6 + h7)) */
+KV_AVX512 static inline float reduce1(__m256 h) {
+    _Alignas(32) float v[8];
+    _mm256_store_ps(v, h);
+    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
 /* 512 -> 256 bits: the two halves added */
 KV_AVX512 static inline __m256 fold512(__m512 a) {
     return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
@@ -827,12 +802,12 @@ scores_rk(float *s, const float *qf, const int R, const int NK, int hd, const ui
             }
         }
     }
-    for (; j < n; j++) {
+    for (; j < n; j++) { /* one key: the same products and the same reduction tree */
         const uint8_t *kj = K + (size_t)j * kr;
         for (int r = 0; r < R; r++) {
             __m512 a = _mm512_setzero_ps();
             for (int i = 0; i < hd; i += 16) a = _mm512_fmadd_ps(row16(kj, kt, i), _mm512_loadu_ps(qf + (size_t)r * hd + i), a);
-            s[(size_t)r * ATT_CHUNK + j] = _mm512_reduce_add_ps(a);
+            s[(size_t)r * ATT_CHUNK + j] = reduce1(fold512(a));
         }
     }
 }
@@ -918,18 +893,18 @@ scores_q8_r(float *s, const int8_t *q8, const float *dq, const int32_t *qsum, co
             _mm_storeu_ps(s + (size_t)r * ATT_CHUNK + j + 4, _mm512_extractf32x4_ps(t, 2));
         }
     }
-    for (; j < n; j++) { /* the same sums, one key at a time */
+    for (; j < n; j++) { /* the same sums, one key at a time: even and odd blocks apart, added last */
         const uint8_t *row = K + (size_t)j * kr;
         for (int r = 0; r < R; r++) {
-            float acc = 0.0f;
+            float acc[2] = {0.0f, 0.0f};
             for (int b = 0; b < nb; b++) {
                 const uint8_t *blk = row + (size_t)b * 34;
                 uint16_t h;
                 memcpy(&h, blk, 2);
                 int32_t is = dot_i8_32((const int8_t *)blk + 2, q8 + (size_t)r * hd + 32 * b);
-                acc += (float)is * (_cvtsh_ss(h) * dq[r * nb + b]);
+                acc[b & 1] = __builtin_fmaf((float)is, _cvtsh_ss(h) * dq[r * nb + b], acc[b & 1]);
             }
-            s[(size_t)r * ATT_CHUNK + j] = acc;
+            s[(size_t)r * ATT_CHUNK + j] = acc[0] + acc[1];
         }
     }
 }
@@ -1027,169 +1002,262 @@ KV_AVX512 static void att_pv_r4_avx512(float *acc, const float *p, int R, int hd
 }
 #endif
 
-/* One task: query tokens t0 .. t0+tn-1 with all heads of KV head g, keys of
- * slice sp. Row r = (token tl, head h) = tl * G + h. */
-static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, int sp) {
+/* ---- one task: query tokens t0 .. t0+tn-1 with all heads of KV head g ----
+ * Row r = (token tl, head h) = tl * G + h. */
+
+typedef struct {
+    int R, hd, hdv, kt, vt;
+    size_t kr, vr;
+    bool simd, wide, q8k;
+    float *qf;    /* (R, hd) queries, rounded like the K type */
+    float *acc;   /* (R, hdv) segment accumulators */
+    float *tot;   /* (R, hdv) merged accumulators */
+    float *s;     /* (R, ATT_CHUNK) scores, then probabilities */
+    float *m, *l; /* (R) segment max (score units) and sum */
+    float *M, *L; /* (R) merged max (exp units) and sum */
+    int32_t *lo, *hi; /* (R) visible keys of each row */
+    float *kf;    /* (hd, 8) K rows in f32 (scalar / AVX2 kernels) */
+    int8_t *q8;   /* (R, hd) int8 queries (Q8_0 K, VNNI) */
+    float *dq;    /* (R, hd/32) their scales */
+    int32_t *qsum; /* (R, hd/32) their block sums */
+} att_rows;
+
+static void att_rows_init(const att_job *J, float *priv, int64_t t0, int tn, int g, att_rows *A) {
     const kv_attn_params *ap = J->ap;
-    const int G = ap->n_head / ap->n_head_kv, hd = ap->head_dim, hdv = ap->head_dim_v;
-    const int R = tn * G;
-    const int kt = kv_kvcache_ktype(J->kv), vt = kv_kvcache_vtype(J->kv);
-    const size_t kr = kv_kvcache_row_bytes(J->kv, false), vr = kv_kvcache_row_bytes(J->kv, true);
-    float *qf = priv;              /* (R, hd) queries, rounded like the K type */
-    float *acc = qf + R * hd;      /* (R, hdv) */
-    float *s = acc + R * hdv;      /* (R, ATT_CHUNK) scores, then probabilities */
-    float *mx = s + R * ATT_CHUNK; /* (R) running max */
-    float *sum = mx + R;           /* (R) running sum */
-    float *lo = sum + R, *hi = lo + R; /* (R) visible key range of each row (as floats) */
-    float *kf = hi + R;            /* (hd, 8) K rows in f32 */
+    const int G = ap->n_head / ap->n_head_kv;
+    A->R = tn * G, A->hd = ap->head_dim, A->hdv = ap->head_dim_v;
+    A->kt = kv_kvcache_ktype(J->kv), A->vt = kv_kvcache_vtype(J->kv);
+    A->kr = kv_kvcache_row_bytes(J->kv, false), A->vr = kv_kvcache_row_bytes(J->kv, true);
+    const int R = A->R, hd = A->hd;
+    A->qf = priv;
+    A->acc = A->qf + (size_t)R * hd;
+    A->tot = A->acc + (size_t)R * A->hdv;
+    A->s = A->tot + (size_t)R * A->hdv;
+    A->m = A->s + (size_t)R * ATT_CHUNK;
+    A->l = A->m + R, A->M = A->l + R, A->L = A->M + R;
+    A->lo = (int32_t *)(A->L + R), A->hi = A->lo + R;
+    A->kf = (float *)(A->hi + R);
+    A->q8 = (int8_t *)(A->kf + 8 * (size_t)hd);
+    A->dq = (float *)(A->q8 + (size_t)R * hd);
+    A->qsum = (int32_t *)(A->dq + (size_t)R * (hd / 32 + 1));
 #ifdef KV_X86
-    const bool simd = J->c->avx2 && hd % 8 == 0 && hdv % 8 == 0;
-    const bool wide = J->c->avx512 && hd % 16 == 0 && hdv % 16 == 0; /* AVX-512 decode kernels */
+    A->simd = J->c->avx2 && hd % 8 == 0 && A->hdv % 8 == 0;
+    A->wide = J->c->avx512 && hd % 16 == 0 && A->hdv % 16 == 0; /* AVX-512 kernels, rows in groups of 4 */
+    A->q8k = A->wide && J->c->vnni && A->kt == KV_TYPE_Q8_0 && hd % 64 == 0;
 #else
-    const bool simd = false;
+    A->simd = A->wide = A->q8k = false;
 #endif
-    /* rows, their key ranges, and the union range */
-    int kmin = INT32_MAX, kmax = -1;
     for (int tl = 0; tl < tn; tl++) {
         const int qpos = J->pos0 + (int)(t0 + tl);
-        int l = 0;
-        if (ap->window > 0 && qpos - ap->window + 1 > 0) l = qpos - ap->window + 1;
-        if (l < kmin) kmin = l;
-        if (qpos > kmax) kmax = qpos;
+        const int lo = ap->window > 0 && qpos - ap->window + 1 > 0 ? qpos - ap->window + 1 : 0;
         for (int h = 0; h < G; h++) {
             const int r = tl * G + h;
             const float *qs = J->q + ((t0 + tl) * ap->n_head + g * G + h) * (int64_t)hd;
+            float *qr = A->qf + (size_t)r * hd;
 #ifdef KV_X86
-            if (simd && kt == KV_TYPE_F16)
-                round_f16_avx2(qf + r * hd, qs, hd);
+            if (A->simd && A->kt == KV_TYPE_F16)
+                round_f16_avx2(qr, qs, hd);
             else
 #endif
-                for (int i = 0; i < hd; i++)
-                    qf[r * hd + i] = kt == KV_TYPE_F16 ? kv_f16_to_f32(kv_f32_to_f16(qs[i])) : qs[i];
-            mx[r] = -INFINITY;
-            sum[r] = 0.0f;
-            lo[r] = (float)l;
-            hi[r] = (float)qpos;
+                for (int i = 0; i < hd; i++) qr[i] = A->kt == KV_TYPE_F16 ? kv_f16_to_f32(kv_f32_to_f16(qs[i])) : qs[i];
+            A->lo[r] = lo, A->hi[r] = qpos;
+            A->M[r] = -INFINITY, A->L[r] = 0.0f;
+            if (A->q8k) /* the query as Q8_0 blocks (what llama.cpp does for a Q8_0 K cache) */
+                for (int b = 0; b < hd / 32; b++) {
+                    uint8_t blk[34];
+                    kv_quantize_row(KV_TYPE_Q8_0, qr + 32 * b, blk, 32);
+                    uint16_t hh;
+                    memcpy(&hh, blk, 2);
+                    A->dq[r * (hd / 32) + b] = kv_f16_to_f32(hh);
+                    int32_t sq = 0;
+                    for (int i = 0; i < 32; i++) sq += (int8_t)blk[2 + i];
+                    A->qsum[r * (hd / 32) + b] = sq;
+                    memcpy(A->q8 + (size_t)r * hd + 32 * b, blk + 2, 32);
+                }
         }
     }
-    memset(acc, 0, sizeof(float) * R * hdv);
-#ifdef KV_X86
-    /* Q8_0 K with VNNI: the query rows as int8 blocks (in kf's space) */
-    const bool q8k = wide && J->c->vnni && kt == KV_TYPE_Q8_0 && R <= 4 && hd % 64 == 0;
-    int8_t *q8 = (int8_t *)kf;                          /* (R, hd) */
-    float *dq = (float *)(q8 + (size_t)R * hd);         /* (R, hd/32) */
-    int32_t *qsum = (int32_t *)(dq + (size_t)R * hd / 32); /* (R, hd/32) */
-    if (q8k) {
-        for (int r = 0; r < R; r++) {
-            for (int b = 0; b < hd / 32; b++) {
-                uint8_t blk[34];
-                kv_quantize_row(KV_TYPE_Q8_0, qf + (size_t)r * hd + 32 * b, blk, 32);
-                uint16_t h;
-                memcpy(&h, blk, 2);
-                dq[r * (hd / 32) + b] = kv_f16_to_f32(h);
-                int32_t sq = 0;
-                for (int i = 0; i < 32; i++) sq += (int8_t)blk[2 + i];
-                qsum[r * (hd / 32) + b] = sq;
-                memcpy(q8 + (size_t)r * hd + 32 * b, blk + 2, 32);
-            }
-        }
-    }
-#endif
-    /* this slice of the union range */
-    const int nkeys = kmax - kmin + 1, per = (nkeys + J->n_split - 1) / J->n_split;
-    const int k0 = kmin + sp * per;
-    int k1 = k0 + per - 1;
-    if (k1 > kmax) k1 = kmax;
-    bool partial_rows = tn > 1 || ap->window > 0; /* some rows may see only part of a chunk */
+    memset(A->tot, 0, sizeof(float) * (size_t)R * A->hdv);
+}
 
-    for (int p = k0; p <= k1;) {
-        int nk, nv;
-        const uint8_t *K = kv_kv_span(J->kv, ap->layer, g, p, &nk, false); /* (nk, hd) */
-        const uint8_t *V = kv_kv_span(J->kv, ap->layer, g, p, &nv, true);  /* (nv, hdv) */
-        int n = k1 + 1 - p;
-        if (n > ATT_CHUNK) n = ATT_CHUNK;
-        if (n > nk) n = nk;
-        if (n > nv) n = nv;
+/* Scores of every row for keys p0 .. p0+n-1 (one span) into s[:, off..). */
+static void att_scores_span(const att_rows *A, int off, const uint8_t *K, int n) {
+    for (int r0 = 0; r0 < A->R; r0 += 4) {
+        const int q = A->R - r0 < 4 ? A->R - r0 : 4;
+        float *s = A->s + (size_t)r0 * ATT_CHUNK + off;
 #ifdef KV_X86
-        if (q8k)
-            att_scores_q8_vnni(s, q8, dq, qsum, R, hd, K, kr, n);
-        else if (wide && R <= 4)
-            att_scores_r4_avx512(s, qf, R, hd, K, kr, kt, n);
-        else if (simd)
-            att_scores_avx2(s, qf, R, hd, K, kr, kt, n, kf);
+        if (A->q8k) {
+            const int nb = A->hd / 32;
+            att_scores_q8_vnni(s, A->q8 + (size_t)r0 * A->hd, A->dq + r0 * nb, A->qsum + r0 * nb, q, A->hd, K, A->kr, n);
+            continue;
+        }
+        if (A->wide) {
+            att_scores_r4_avx512(s, A->qf + (size_t)r0 * A->hd, q, A->hd, K, A->kr, A->kt, n);
+            continue;
+        }
+        if (A->simd) {
+            att_scores_avx2(s, A->qf + (size_t)r0 * A->hd, q, A->hd, K, A->kr, A->kt, n, A->kf);
+            continue;
+        }
+#endif
+        att_scores_scalar(s, A->qf + (size_t)r0 * A->hd, q, A->hd, K, A->kr, A->kt, n, A->kf);
+    }
+}
+
+/* acc += P[:, off..off+n) . V (one span) */
+static void att_pv_span(const att_rows *A, int off, const uint8_t *V, int n) {
+    for (int r0 = 0; r0 < A->R; r0 += 4) {
+        const int q = A->R - r0 < 4 ? A->R - r0 : 4;
+        float *acc = A->acc + (size_t)r0 * A->hdv;
+        const float *p = A->s + (size_t)r0 * ATT_CHUNK + off;
+#ifdef KV_X86
+        if (A->wide) {
+            att_pv_r4_avx512(acc, p, q, A->hdv, V, A->vr, A->vt, n);
+            continue;
+        }
+        if (A->simd) {
+            att_pv_avx2(acc, p, q, A->hdv, V, A->vr, A->vt, n);
+            continue;
+        }
+#endif
+        att_pv_scalar(acc, p, q, A->hdv, V, A->vr, A->vt, n);
+    }
+}
+
+/* Softcap, mask and online-softmax update of every row for the chunk of
+ * keys p0 .. p0+n-1 (scores in s[:, 0..n)). */
+static void att_softmax_chunk(const att_rows *A, const kv_attn_params *ap, int p0, int n) {
+    for (int r = 0; r < A->R; r++) {
+        float *sr = A->s + (size_t)r * ATT_CHUNK;
+        float sc = ap->scale;
+        if (ap->softcap > 0.0f) {
+            for (int j = 0; j < n; j++) sr[j] = ap->softcap * tanhf(sr[j] * sc / ap->softcap);
+            sc = 1.0f;
+        }
+        int jlo = A->lo[r] > p0 ? A->lo[r] - p0 : 0, jhi = A->hi[r] < p0 + n - 1 ? A->hi[r] - p0 : n - 1;
+        if (jlo > jhi) { /* nothing visible: probabilities 0, state unchanged */
+            memset(sr, 0, sizeof(float) * n);
+            continue;
+        }
+        for (int j = 0; j < jlo; j++) sr[j] = 0.0f;
+        for (int j = jhi + 1; j < n; j++) sr[j] = 0.0f;
+        float cm;
+#ifdef KV_X86
+        if (A->simd)
+            cm = max_avx2(sr + jlo, jhi - jlo + 1);
         else
 #endif
-            att_scores_scalar(s, qf, R, hd, K, kr, kt, n, kf);
-        /* softcap, mask, online softmax update; probabilities are
-         * exp(scale * (s - max)) (scale > 0, so the max commutes) */
-        for (int r = 0; r < R; r++) {
-            float *sr = s + r * ATT_CHUNK;
-            float sc = ap->scale;
-            if (ap->softcap > 0.0f) {
-                for (int j = 0; j < n; j++) sr[j] = ap->softcap * tanhf(sr[j] * sc / ap->softcap);
-                sc = 1.0f;
-            }
-            int jlo = 0, jhi = n - 1; /* visible part of the chunk for this row */
-            if (partial_rows) {
-                if ((int)lo[r] > p) jlo = (int)lo[r] - p;
-                if ((int)hi[r] < p + n - 1) jhi = (int)hi[r] - p;
-            }
-            if (jlo > jhi) {
-                memset(sr, 0, sizeof(float) * n);
-                continue;
-            }
-            for (int j = 0; j < jlo; j++) sr[j] = 0.0f;
-            for (int j = jhi + 1; j < n; j++) sr[j] = 0.0f;
-            float cm;
+        {
+            cm = sr[jlo];
+            for (int j = jlo + 1; j <= jhi; j++) cm = sr[j] > cm ? sr[j] : cm;
+        }
+        if (A->m[r] > cm) cm = A->m[r];
+        /* probabilities exp(sc (s - max)): sc > 0, so the max commutes */
+        const float corr = A->m[r] == -INFINITY ? 0.0f : expf(sc * (A->m[r] - cm));
+        A->m[r] = cm;
 #ifdef KV_X86
-            if (simd) {
-                cm = max_avx2(sr + jlo, jhi - jlo + 1);
-            } else
-#endif
-            {
-                cm = sr[jlo];
-                for (int j = jlo + 1; j <= jhi; j++) cm = sr[j] > cm ? sr[j] : cm;
-            }
-            if (mx[r] > cm) cm = mx[r];
-            const float corr = mx[r] == -INFINITY ? 0.0f : expf(sc * (mx[r] - cm));
-            mx[r] = cm;
-#ifdef KV_X86
-            float cs = simd ? exp_sub_sum_avx2(sr + jlo, jhi - jlo + 1, cm, sc)
-                            : exp_sub_sum_scalar(sr + jlo, jhi - jlo + 1, cm, sc);
+        float cs = A->simd ? exp_sub_sum_avx2(sr + jlo, jhi - jlo + 1, cm, sc) : exp_sub_sum_scalar(sr + jlo, jhi - jlo + 1, cm, sc);
 #else
-            float cs = exp_sub_sum_scalar(sr + jlo, jhi - jlo + 1, cm, sc);
+        float cs = exp_sub_sum_scalar(sr + jlo, jhi - jlo + 1, cm, sc);
 #endif
-            sum[r] = sum[r] * corr + cs;
-            if (corr != 1.0f)
-                for (int i = 0; i < hdv; i++) acc[r * hdv + i] *= corr;
-        }
-#ifdef KV_X86
-        if (wide && R <= 4)
-            att_pv_r4_avx512(acc, s, R, hdv, V, vr, vt, n);
-        else if (simd)
-            att_pv_avx2(acc, s, R, hdv, V, vr, vt, n);
-        else
-#endif
-            att_pv_scalar(acc, s, R, hdv, V, vr, vt, n);
-        p += n;
+        A->l[r] = A->l[r] * corr + cs;
+        if (corr != 1.0f)
+            for (int i = 0; i < A->hdv; i++) A->acc[(size_t)r * A->hdv + i] *= corr;
     }
+}
 
-    for (int tl = 0; tl < tn; tl++) {
-        const int64_t t = t0 + tl;
+/* Merges a segment's (m, l, a) (m in exp units) into the running (M, L,
+ * tot). Out of line, in the default target: every caller rounds the same. */
+__attribute__((noinline)) static void att_merge(float *M, float *L, float *tot, float m, float l, const float *a,
+                                                int hdv) {
+    if (!(l > 0.0f)) return;
+    if (!(*L > 0.0f)) {
+        *M = m, *L = l;
+        memcpy(tot, a, sizeof(float) * hdv);
+        return;
+    }
+    const float Mn = *M > m ? *M : m, c1 = expf(*M - Mn), c2 = expf(m - Mn);
+    *L = *L * c1 + l * c2;
+    for (int i = 0; i < hdv; i++) tot[i] = tot[i] * c1 + a[i] * c2;
+    *M = Mn;
+}
+
+__attribute__((noinline)) static void att_finish(float *o, const float *tot, float L, int hdv) {
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int i = 0; i < hdv; i++) o[i] = tot[i] * inv;
+}
+
+/* Reduces segment sg (keys [k0, k1] of it) for every row into (m, l, acc). */
+static void att_segment(const att_job *J, const att_rows *A, int g, int k0, int k1) {
+    const kv_attn_params *ap = J->ap;
+    for (int r = 0; r < A->R; r++) A->m[r] = -INFINITY, A->l[r] = 0.0f;
+    memset(A->acc, 0, sizeof(float) * (size_t)A->R * A->hdv);
+    for (int p0 = k0; p0 <= k1;) {
+        const int cend = (p0 / ATT_CHUNK + 1) * ATT_CHUNK - 1; /* chunk ends at a multiple of 64 */
+        const int n = (cend < k1 ? cend : k1) - p0 + 1;
+        for (int off = 0; off < n;) { /* scores, span by span */
+            int nk;
+            const uint8_t *K = kv_kv_span(J->kv, ap->layer, g, p0 + off, &nk, false); /* (nk, hd) */
+            if (nk > n - off) nk = n - off;
+            att_scores_span(A, off, K, nk);
+            off += nk;
+        }
+        att_softmax_chunk(A, ap, p0, n);
+        for (int off = 0; off < n;) { /* P.V, span by span */
+            int nv;
+            const uint8_t *V = kv_kv_span(J->kv, ap->layer, g, p0 + off, &nv, true); /* (nv, hdv) */
+            if (nv > n - off) nv = n - off;
+            att_pv_span(A, off, V, nv);
+            off += nv;
+        }
+        p0 += n;
+    }
+}
+
+/* seg < 0: every segment, merged here, rows finished; else only segment
+ * seg, its state written to the partials. */
+static void att_task(const att_job *J, float *priv, int64_t t0, int tn, int g, int seg) {
+    const kv_attn_params *ap = J->ap;
+    const int G = ap->n_head / ap->n_head_kv;
+    att_rows A;
+    att_rows_init(J, priv, t0, tn, g, &A);
+    int kmin = INT32_MAX, kmax = -1;
+    for (int r = 0; r < A.R; r++) {
+        if (A.lo[r] < kmin) kmin = A.lo[r];
+        if (A.hi[r] > kmax) kmax = A.hi[r];
+    }
+    const int s_first = seg >= 0 ? seg : kmin / ATT_SEG, s_last = seg >= 0 ? seg : kmax / ATT_SEG;
+    for (int sg = s_first; sg <= s_last; sg++) {
+        int k0 = sg * ATT_SEG, k1 = k0 + ATT_SEG - 1;
+        if (k0 < kmin) k0 = kmin;
+        if (k1 > kmax) k1 = kmax;
+        if (k0 > k1) { /* this task's rows see nothing of the segment */
+            for (int r = 0; r < A.R; r++) A.l[r] = 0.0f, A.m[r] = -INFINITY;
+            memset(A.acc, 0, sizeof(float) * (size_t)A.R * A.hdv);
+        } else {
+            att_segment(J, &A, g, k0, k1);
+        }
+        const float units = ap->softcap > 0.0f ? 1.0f : ap->scale; /* max in exp units */
+        for (int tl = 0; tl < tn; tl++)
+            for (int h = 0; h < G; h++) {
+                const int r = tl * G + h, head = g * G + h;
+                const float m = A.m[r] * units, *a = A.acc + (size_t)r * A.hdv;
+                if (seg < 0) {
+                    att_merge(&A.M[r], &A.L[r], A.tot + (size_t)r * A.hdv, m, A.l[r], a, A.hdv);
+                } else {
+                    float *o = J->partial + (((size_t)(sg - J->seg0) * J->T + t0 + tl) * ap->n_head + head) * (A.hdv + 2);
+                    memcpy(o, a, sizeof(float) * A.hdv);
+                    o[A.hdv] = m;
+                    o[A.hdv + 1] = A.l[r];
+                }
+            }
+    }
+    if (seg >= 0) return;
+    for (int tl = 0; tl < tn; tl++)
         for (int h = 0; h < G; h++) {
             const int r = tl * G + h, head = g * G + h;
-            if (J->n_split == 1) {
-                float *o = J->out + (t * ap->n_head + head) * (int64_t)hdv;
-                const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
-                for (int i = 0; i < hdv; i++) o[i] = acc[r * hdv + i] * inv;
-            } else {
-                float *o = J->partial + (((size_t)sp * J->T + t) * ap->n_head + head) * (hdv + 2);
-                memcpy(o, acc + r * hdv, sizeof(float) * hdv);
-                o[hdv] = mx[r] * (ap->softcap > 0.0f ? 1.0f : ap->scale); /* max in exp units */
-                o[hdv + 1] = sum[r];
-            }
+            att_finish(J->out + ((t0 + tl) * ap->n_head + head) * (int64_t)A.hdv, A.tot + (size_t)r * A.hdv, A.L[r],
+                       A.hdv);
         }
-    }
 }
 
 static void att_worker(void *arg, int ith, int nth) {
@@ -1197,55 +1265,56 @@ static void att_worker(void *arg, int ith, int nth) {
     const kv_attn_params *ap = J->ap;
     float *priv = J->work + (size_t)ith * J->per_thread;
     const int64_t n_blocks = (J->T + J->tb - 1) / J->tb;
-    const int64_t n_tasks = n_blocks * ap->n_head_kv * J->n_split;
-    /* Split decode: each thread takes a contiguous run of tasks, so it
-     * streams consecutive key slices of a head (the prefetches run on into
-     * the next slice). Otherwise round robin. Either way a task's result
-     * does not depend on the thread that runs it. */
-    const bool runs = J->n_split > 1;
-    const int64_t first = runs ? n_tasks * ith / nth : ith, last = runs ? n_tasks * (ith + 1) / nth : n_tasks;
-    for (int64_t task = first; task < last; task += runs ? 1 : nth) {
-        const int sp = (int)(task % J->n_split);
-        const int64_t rest = task / J->n_split;
+    const int64_t per = J->split ? J->n_seg : 1;
+    const int64_t n_tasks = n_blocks * ap->n_head_kv * per;
+    /* Split: each thread takes a contiguous run of tasks, so it streams
+     * consecutive segments of a head. Otherwise round robin, later blocks
+     * (longer key ranges) first. Either way a task's result does not
+     * depend on the thread that runs it. */
+    const int64_t first = J->split ? n_tasks * ith / nth : ith, last = J->split ? n_tasks * (ith + 1) / nth : n_tasks;
+    for (int64_t task = first; task < last; task += J->split ? 1 : nth) {
+        const int64_t sp = task % per, rest = task / per;
         const int g = (int)(rest % ap->n_head_kv);
-        /* later blocks (longer key ranges) first spread the work evenly */
         const int64_t blk = n_blocks - 1 - rest / ap->n_head_kv;
         const int64_t t0 = blk * J->tb;
         const int tn = (int)(J->T - t0 < J->tb ? J->T - t0 : J->tb);
-        att_task(J, priv, t0, tn, g, sp);
+        att_task(J, priv, t0, tn, g, J->split ? J->seg0 + (int)sp : -1);
     }
 }
 
 static void cpu_attention(kv_backend *b, const kv_kvcache *kv, const kv_attn_params *ap,
                           const float *q, int64_t T, int pos0, float *out, float *work) {
-    const cpu_ctx *c = b->ctx;
-    att_job J = {c, kv, ap, q, T, pos0, out, work, att_split(c, ap, T), att_tokens_per_task(ap),
+    cpu_ctx *c = b->ctx;
+    att_job J = {c, kv, ap, q, T, pos0, out, work, att_tokens_per_task(ap), att_split(ap, T), 0, 0,
                  att_thread_floats(ap), NULL};
-    J.partial = work + (size_t)c->nth * J.per_thread;
-    kv_pool_run(c->pool, att_worker, &J);
-    if (J.n_split == 1) return;
-    /* merge the key slices: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) */
     const int hdv = ap->head_dim_v;
-    for (int64_t t = 0; t < T; t++) {
+    if (J.split) {
+        const int kmin = ap->window > 0 && pos0 - ap->window + 1 > 0 ? pos0 - ap->window + 1 : 0;
+        const int kmax = pos0 + (int)T - 1;
+        J.seg0 = kmin / ATT_SEG;
+        J.n_seg = kmax / ATT_SEG - J.seg0 + 1;
+        size_t need = (size_t)J.n_seg * T * ap->n_head * (hdv + 2);
+        if (need > c->att_partial_cap) {
+            float *p = realloc(c->att_partial, need * sizeof(float));
+            if (p) c->att_partial = p, c->att_partial_cap = need;
+            else J.split = false; /* out of memory: one task per head (the same result) */
+        }
+        J.partial = c->att_partial;
+    }
+    kv_pool_run(c->pool, att_worker, &J);
+    if (!J.split) return;
+    /* merge the segments in position order */
+    for (int64_t t = 0; t < T; t++)
         for (int h = 0; h < ap->n_head; h++) {
             float M = -INFINITY, L = 0.0f;
             float *o = out + (t * ap->n_head + h) * (int64_t)hdv;
-            for (int sp = 0; sp < J.n_split; sp++) {
-                const float *pr = J.partial + (((size_t)sp * T + t) * ap->n_head + h) * (hdv + 2);
-                if (pr[hdv + 1] > 0.0f && pr[hdv] > M) M = pr[hdv];
-            }
             memset(o, 0, sizeof(float) * hdv);
-            for (int sp = 0; sp < J.n_split; sp++) {
+            for (int sp = 0; sp < J.n_seg; sp++) {
                 const float *pr = J.partial + (((size_t)sp * T + t) * ap->n_head + h) * (hdv + 2);
-                if (!(pr[hdv + 1] > 0.0f)) continue;
-                float w = expf(pr[hdv] - M);
-                L += pr[hdv + 1] * w;
-                for (int i = 0; i < hdv; i++) o[i] += pr[i] * w;
+                att_merge(&M, &L, o, pr[hdv], pr[hdv + 1], pr, hdv);
             }
-            float inv = L > 0.0f ? 1.0f / L : 0.0f;
-            for (int i = 0; i < hdv; i++) o[i] *= inv;
+            att_finish(o, o, L, hdv);
         }
-    }
 }
 
 /* ==== init ================================================================== */
@@ -1295,6 +1364,7 @@ void kv_backend_cpu_free(kv_backend *b) {
     free(c->gelu_f16);
     free(c->rope_cs);
     free(c->rope_pos);
+    free(c->att_partial);
     free(b->ctx);
     b->ctx = NULL;
 }

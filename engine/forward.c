@@ -24,7 +24,7 @@
 
 /* ==== one layer ============================================================ */
 
-static void forward_layer(kv_session *s, int il, int T) {
+static bool forward_layer(kv_session *s, int il, int T) {
     kv_model *m = s->m;
     kv_backend *be = &m->be;
     const kv_model_info *in = &m->info;
@@ -42,6 +42,8 @@ static void forward_layer(kv_session *s, int il, int T) {
     be->rope(be, s->q, T, n_head, hd, s->pos_buf, &L->rope);
     be->rope(be, s->k, T, n_kv, hd, s->pos_buf, &L->rope);
     if (m->q_scale != 1.0f) be->scale(be, s->q, (int64_t)T * n_head * hd, m->q_scale);
+    if (!be->all_finite(be, s->q, (int64_t)T * n_head * hd) || !be->all_finite(be, s->k, (int64_t)T * n_kv * hd))
+        return false; /* a NaN score would be masked, not propagated */
     be->kv_store(be, s->kv, il, s->pos, T, s->k, s->v);
 
     kv_attn_params ap = {
@@ -63,11 +65,12 @@ static void forward_layer(kv_session *s, int il, int T) {
     be->matmul(be, &L->w_down, NULL, s->gate, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
     if (L->post_ffw_norm) be->rmsnorm(be, s->xb, s->xb, L->post_ffw_norm, T, n_embd, m->eps);
     be->add(be, s->x, s->xb, (int64_t)T * n_embd);
+    return true;
 }
 
 /* ==== the whole pass ======================================================= */
 
-void kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits) {
+bool kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits) {
     kv_model *m = s->m;
     kv_backend *be = &m->be;
     const int n_embd = m->info.n_embd, n_vocab = m->info.n_vocab;
@@ -76,13 +79,15 @@ void kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float
     be->embed(be, &m->tok_embd, ids, T, s->x); /* (T, n_embd) */
     if (m->embd_scale != 1.0f) be->scale(be, s->x, (int64_t)T * n_embd, m->embd_scale);
 
-    for (int il = 0; il < m->info.n_layer; il++) forward_layer(s, il, T);
+    for (int il = 0; il < m->info.n_layer; il++)
+        if (!forward_layer(s, il, T)) return false;
 
-    if (logits_mode == KV_LOGITS_NONE) return;
+    if (logits_mode == KV_LOGITS_NONE) return true;
     /* rows wanted: the last one, or all */
     int r0 = logits_mode == KV_LOGITS_ALL ? 0 : T - 1, nr = T - r0;
     const float *xr = s->x + (size_t)r0 * n_embd;                       /* (nr, n_embd) */
     be->rmsnorm(be, s->xb, xr, m->output_norm, nr, n_embd, m->eps);     /* (nr, n_embd) */
     be->matmul(be, &m->output, NULL, s->xb, nr, logits, n_vocab, s->mm_scratch); /* (nr, n_vocab) */
     if (m->final_softcap > 0.0f) be->softcap(be, logits, (int64_t)nr * n_vocab, m->final_softcap);
+    return true;
 }

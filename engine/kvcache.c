@@ -1,86 +1,86 @@
 /*
- * kvcache.c — contiguous K/V storage (see kvcache.h for the layout).
+ * kvcache.c — page tables and kv_kv_span (see kvcache.h; pages in kvpool.h).
  */
 #include "kvcache.h"
 
 #include <stdlib.h>
 
-#include "types.h"
-
-struct kv_kvcache {
-    int n_layer, n_head_kv, head_dim, head_dim_v, n_ctx;
-    int ktype, vtype;
-    size_t krow, vrow; /* bytes per stored row */
-    uint8_t *k;        /* (n_layer, n_head_kv, n_ctx, krow bytes) */
-    uint8_t *v;        /* (n_layer, n_head_kv, n_ctx, vrow bytes) */
-};
+#include "kvpool.h"
 
 /* ==== lifetime ========================================================== */
 
-kv_status kv_kvcache_create(int n_layer, int n_head_kv, int head_dim, int head_dim_v, int n_ctx,
-                            int ktype, int vtype, kv_kvcache **out, kv_error *e) {
+kv_status kv_kvcache_create(kv_cache *pool, int n_ctx, kv_kvcache **out, kv_error *e) {
     *out = NULL;
-    if (n_layer <= 0 || n_head_kv <= 0 || head_dim <= 0 || head_dim_v <= 0 || n_ctx <= 0)
-        return kv_fail(e, KV_ERR_ARG, "kv cache: bad shape (layers %d, heads %d, dims %d/%d, ctx %d)",
-                       n_layer, n_head_kv, head_dim, head_dim_v, n_ctx);
-    const int types[2] = {ktype, vtype}, dims[2] = {head_dim, head_dim_v};
-    for (int i = 0; i < 2; i++) {
-        if (types[i] != KV_TYPE_F32 && types[i] != KV_TYPE_F16 && types[i] != KV_TYPE_Q8_0) {
-            const kv_type_traits *tr = kv_type_traits_get(types[i]);
-            return kv_fail(e, KV_ERR_UNSUPPORTED, "kv cache: %s type %s not supported (F16, F32 or Q8_0)",
-                           i ? "V" : "K", tr ? tr->name : "unknown");
-        }
-        if (types[i] == KV_TYPE_Q8_0 && dims[i] % 32 != 0)
-            return kv_fail(e, KV_ERR_UNSUPPORTED,
-                           "kv cache: Q8_0 needs a head size that is a multiple of 32 (%s head size %d)",
-                           i ? "V" : "K", dims[i]);
-    }
-    size_t krow = kv_row_size(ktype, head_dim), vrow = kv_row_size(vtype, head_dim_v);
-    uint64_t rows = (uint64_t)n_layer * (uint64_t)n_head_kv * (uint64_t)n_ctx;
-    if (rows > (uint64_t)SIZE_MAX / (krow > vrow ? krow : vrow))
-        return kv_fail(e, KV_ERR_NOMEM, "kv cache: %d tokens too large", n_ctx);
+    if (n_ctx <= 0) return kv_fail(e, KV_ERR_ARG, "kv cache: n_ctx must be positive (got %d)", n_ctx);
     kv_kvcache *c = calloc(1, sizeof *c);
     if (!c) return kv_fail(e, KV_ERR_NOMEM, "kv cache: out of memory");
-    *c = (kv_kvcache){n_layer, n_head_kv, head_dim, head_dim_v, n_ctx, ktype, vtype, krow, vrow, NULL, NULL};
-    c->k = calloc(rows, krow);
-    c->v = calloc(rows, vrow);
-    if (!c->k || !c->v) {
-        kv_kvcache_free(c);
-        return kv_fail(e, KV_ERR_NOMEM, "kv cache: out of memory for %d tokens (%llu bytes)", n_ctx,
-                       (unsigned long long)(rows * (krow + vrow)));
+    c->pool = pool;
+    c->n_ctx = n_ctx;
+    c->n_lp = (int)(((int64_t)n_ctx + pool->pt - 1) / pool->pt);
+    for (int g = 0; g < pool->n_groups; g++) {
+        c->tab[g] = malloc((size_t)c->n_lp * sizeof(int32_t));
+        if (!c->tab[g]) {
+            kv_kvcache_free(c);
+            return kv_fail(e, KV_ERR_NOMEM, "kv cache: out of memory for %d tokens", n_ctx);
+        }
+        for (int i = 0; i < c->n_lp; i++) c->tab[g][i] = -1;
     }
+    kv_cache_retain(pool);
     *out = c;
     return KV_OK;
 }
 
 void kv_kvcache_free(kv_kvcache *c) {
     if (!c) return;
-    free(c->k);
-    free(c->v);
+    bool retained = true;
+    for (int g = 0; g < c->pool->n_groups; g++) {
+        if (!c->tab[g]) {
+            retained = false; /* failed creation: never retained the pool */
+            continue;
+        }
+        for (int i = 0; i < c->n_lp; i++)
+            if (c->tab[g][i] >= 0) kv_pool_unref(c->pool, g, c->tab[g][i]);
+        free(c->tab[g]);
+    }
+    if (retained) kv_cache_close(c->pool);
     free(c);
 }
 
 /* ==== queries ============================================================ */
 
-int kv_kvcache_ktype(const kv_kvcache *c) { return c->ktype; }
-int kv_kvcache_vtype(const kv_kvcache *c) { return c->vtype; }
+int kv_kvcache_ktype(const kv_kvcache *c) { return c->pool->ktype; }
+int kv_kvcache_vtype(const kv_kvcache *c) { return c->pool->vtype; }
 int kv_kvcache_n_ctx(const kv_kvcache *c) { return c->n_ctx; }
-int kv_kvcache_n_head_kv(const kv_kvcache *c) { return c->n_head_kv; }
-int kv_kvcache_head_dim(const kv_kvcache *c, bool v) { return v ? c->head_dim_v : c->head_dim; }
-size_t kv_kvcache_row_bytes(const kv_kvcache *c, bool v) { return v ? c->vrow : c->krow; }
+int kv_kvcache_n_head_kv(const kv_kvcache *c) { return c->pool->n_kv; }
+int kv_kvcache_head_dim(const kv_kvcache *c, bool v) { return v ? c->pool->head_dim_v : c->pool->head_dim; }
+size_t kv_kvcache_row_bytes(const kv_kvcache *c, bool v) { return v ? c->pool->vrow : c->pool->krow; }
 
 uint64_t kv_kvcache_bytes(const kv_kvcache *c) {
-    return (uint64_t)c->n_layer * c->n_head_kv * c->n_ctx * (c->krow + c->vrow);
+    uint64_t b = 0;
+    for (int g = 0; g < c->pool->n_groups; g++)
+        for (int i = 0; i < c->n_lp; i++)
+            if (c->tab[g][i] >= 0) b += c->pool->groups[g].page_bytes;
+    return b;
 }
 
 /* ==== the accessor ======================================================= */
 
+/* Longest run reported at once: long enough for linear streaming, short
+ * enough that the scan stays cheap. */
+#define SPAN_MAX_PAGES 64
+
 void *kv_kv_span_mut(kv_kvcache *c, int layer, int kv_head, int pos0, int *n_contig, bool v) {
-    size_t row = v ? c->vrow : c->krow;
-    uint8_t *base = v ? c->v : c->k;
-    size_t idx = ((size_t)layer * c->n_head_kv + kv_head) * c->n_ctx + pos0;
-    if (n_contig) *n_contig = c->n_ctx - pos0;
-    return base + idx * row;
+    const kv_cache *p = c->pool;
+    const int g = p->layer_group[layer];
+    const int lp = pos0 >> p->pt_log2, t = pos0 & (p->pt - 1);
+    const int32_t *tab = c->tab[g];
+    const int32_t id = tab[lp];
+    if (n_contig) {
+        int32_t room = kv_pool_slab_room(p, g, id), run = 1;
+        while (run < room && run < SPAN_MAX_PAGES && lp + run < c->n_lp && tab[lp + run] == id + run) run++;
+        *n_contig = run * p->pt - t;
+    }
+    return kv_pool_row(p, g, id, p->layer_index[layer], kv_head, t, v);
 }
 
 const void *kv_kv_span(const kv_kvcache *c, int layer, int kv_head, int pos0, int *n_contig, bool v) {

@@ -5,8 +5,13 @@
  *             memory-mapped weights, plus the CPU thread pool.
  *   vocab   = the model's tokenizer (text <-> token ids); a vocabulary-only
  *             GGUF (no tensors) opens as a model with a vocab and no weights.
- *   session = one token sequence being evaluated against a model: its KV
- *             cache, its position, the tokens it holds.
+ *   cache   = a pool of KV pages (K and V of page_tokens positions) that
+ *             sessions draw from; full pages are named by a chained hash of
+ *             the tokens they end, so a prefix computed once is reused by
+ *             any session of the cache (kv_cache_open; engine/kvpool.h).
+ *   session = one token sequence being evaluated against a model: its page
+ *             tables into a cache (its own private pool when none is
+ *             given), its position, the tokens it holds.
  *
  *   kv_model *m; kv_error e;
  *   if (kv_model_open("m.gguf", NULL, &m, &e) != KV_OK) puts(e.msg);
@@ -36,6 +41,7 @@
 typedef struct kv_model kv_model;
 typedef struct kv_vocab kv_vocab;
 typedef struct kv_session kv_session;
+typedef struct kv_cache kv_cache;
 
 /* ==== models =========================================================== */
 
@@ -64,6 +70,13 @@ const kv_vocab *kv_model_vocab(const kv_model *m); /* NULL if the file has no to
 /* Bytes a KV cache of n_ctx tokens needs, with K and V stored as ktype /
  * vtype (ggml type ids), sliding-window layers counted at their window. */
 uint64_t kv_model_kv_bytes(const kv_model *m, int64_t n_ctx, int ktype, int vtype);
+/* The same for pages of pt positions: what a session holding n_ctx
+ * positions references (page-rounded; a window layer keeps the pages that
+ * overlap its last window - 1 positions). UINT64_MAX when it overflows. */
+uint64_t kv_model_kv_bytes_paged(const kv_model *m, int64_t n_ctx, int ktype, int vtype, int pt);
+/* BLAKE2b fingerprint of the model file (computed on first use: what cache
+ * pages are named after), and the seconds that took. */
+kv_status kv_model_fingerprint(kv_model *m, uint8_t out[32], double *seconds, kv_error *e);
 
 /* ==== vocabulary ===================================================== */
 
@@ -121,9 +134,88 @@ kv_status kv_detokenize(const kv_vocab *v, const int32_t *ids, size_t n, bool re
  * incomplete UTF-8 sequence (what a streaming printer may emit now). */
 size_t kv_utf8_complete_prefix(const char *buf, size_t n);
 
+/* ==== caches =========================================================== */
+
+typedef struct {
+    uint64_t bytes;  /* capacity in bytes (0: use pages) */
+    int64_t pages;   /* capacity in pages of each layer group (0: use bytes) */
+    int page_tokens; /* positions per page, a power of two (0: 16) */
+    int ktype, vtype; /* K and V storage: F16, F32 or Q8_0 */
+    bool prefix;     /* hash full pages and reuse them across sessions */
+} kv_cache_params;
+
+/* One candidate for eviction: a cached page (full, hashed, used by no
+ * session, not pinned). */
+typedef struct {
+    int32_t id;       /* page id inside its layer group */
+    int group;        /* layer group (0: the first group, see kv_cache_group_window) */
+    int64_t tokens;   /* length of the prefix the page ends */
+    uint32_t hits;    /* times it was reused */
+    uint64_t last_use; /* cache tick (a counter of page events) of its last use */
+    size_t bytes;
+} kv_evict_candidate;
+
+/* Eviction policy: candidates of one group (oldest first) and the number
+ * of pages needed; writes the ids to evict (each a candidate, no
+ * duplicates) into chosen and their count. Fewer than need means the
+ * request fails with "cache full". A failure status aborts the request
+ * with nothing evicted. Called only between forward passes, never while
+ * the pool is inconsistent. */
+typedef kv_status (*kv_evict_fn)(void *ud, const kv_evict_candidate *cands, int n, int need,
+                                 int32_t *chosen, int *n_chosen, kv_error *e);
+
+typedef struct {
+    int64_t pages;     /* capacity in pages (all groups; private pools: pages with storage) */
+    int64_t used;      /* referenced by sessions */
+    int64_t cached;    /* sealed, referenced by no session (evictable unless pinned) */
+    int64_t pinned;    /* cached pages that are pinned */
+    int64_t free;      /* never used or evicted */
+    uint64_t hits, misses, reused_tokens, evictions;
+    uint64_t bytes;    /* bytes of the used and cached pages */
+    uint64_t capacity_bytes; /* 0: grows on demand (private pool) */
+} kv_cache_stats;
+
+kv_status kv_cache_open(kv_model *m, const kv_cache_params *p, kv_cache **out, kv_error *e);
+/* Drops the owner's reference: sessions using the cache keep it alive. */
+void kv_cache_close(kv_cache *c);
+void kv_cache_get_stats(const kv_cache *c, kv_cache_stats *st);
+int kv_cache_page_tokens(const kv_cache *c);
+int kv_cache_n_groups(const kv_cache *c);
+int kv_cache_group_window(const kv_cache *c, int g); /* 0: full attention */
+void kv_cache_types(const kv_cache *c, int *ktype, int *vtype);
+const kv_model *kv_cache_model(const kv_cache *c);
+void kv_cache_set_policy(kv_cache *c, kv_evict_fn fn, void *ud);
+/* How many leading tokens of ids a prefill into an empty session would
+ * reuse now, and why not more ("never seen", "evicted", "window pages
+ * dropped", "other types", "partial page", or NULL when all are). */
+kv_status kv_cache_lookup(kv_cache *c, const int32_t *ids, size_t n, int64_t *cached, const char **reason,
+                          kv_error *e);
+/* Pins (or unpins) the full pages of the prefix ids: pinned pages are never
+ * evicted; pages that arrive later under a pinned hash are pinned too.
+ * Pinning more pages than the cache holds fails. */
+kv_status kv_cache_pin(kv_cache *c, const int32_t *ids, size_t n, bool pin, kv_error *e);
+/* Evicts every cached, unpinned page; returns how many. */
+int64_t kv_cache_clear(kv_cache *c);
+
 /* ==== sessions ========================================================= */
 
 enum { KV_LOGITS_NONE = 0, KV_LOGITS_LAST = 1, KV_LOGITS_ALL = 2 };
+
+typedef struct {
+    int n_ctx;
+    int ktype, vtype; /* storage of a private pool (ignored with a cache) */
+    kv_cache *cache;  /* NULL: a private pool */
+} kv_session_params;
+
+/* Opens a session; with p->cache it draws pages from that cache (which it
+ * keeps alive), else from a private pool sized for n_ctx. */
+kv_status kv_session_open_p(kv_model *m, const kv_session_params *p, kv_session **out, kv_error *e);
+/* A new session holding the same tokens and sharing every page of s
+ * (copy-on-write: the first write into a shared page copies that page). */
+kv_status kv_session_fork(kv_session *s, kv_session **out, kv_error *e);
+kv_cache *kv_session_cache(const kv_session *s);
+/* Tokens taken from the cache instead of computed, over the session's life. */
+uint64_t kv_session_reused_tokens(const kv_session *s);
 
 kv_status kv_session_open(kv_model *m, int n_ctx, kv_session **out, kv_error *e);
 /* The same with the cache's K and V storage types (ggml type ids): F16
@@ -138,15 +230,19 @@ void kv_session_close(kv_session *s); /* NULL is fine */
  * n * n_vocab (KV_LOGITS_ALL), row-major. On any failure the session is left
  * as it was before the call: KV_ERR_CONTEXT_FULL (with the numbers) if
  * pos + n > n_ctx, KV_ERR_ARG for an id out of range, KV_ERR_NUMERIC when
- * the logits hold NaN/Inf. */
+ * the logits hold NaN/Inf, KV_ERR_CACHE_FULL when the cache has no page to
+ * give. With a cache that reuses prefixes, leading pages of the sequence
+ * already in the cache are taken instead of computed (bit-identical). */
 kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logits_mode,
                           float *logits, kv_error *e);
 
 int kv_session_pos(const kv_session *s);
 int kv_session_ctx(const kv_session *s);
 const int32_t *kv_session_tokens(const kv_session *s); /* pos ids */
-/* Drops the last n tokens (n > pos: drops all). */
+/* Drops the last n tokens (n > pos: drops all); their pages go back to the
+ * cache (full ones stay there, reusable, until evicted). */
 void kv_session_rewind(kv_session *s, int n);
+/* Bytes of the pages the session references now. */
 uint64_t kv_session_kv_bytes(const kv_session *s);
 
 #endif

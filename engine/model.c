@@ -10,10 +10,8 @@
  * their GGUF formats. It also loads the vocabulary and creates the thread
  * pool and the CPU backend.
  *
- * A session owns a KV cache of n_ctx positions and all the scratch one
- * forward pass needs (KV_CHUNK tokens at a time), so evaluation never
- * allocates. kv_session_eval validates first, runs the chunks, and on any
- * failure puts pos back where it was.
+ * Also the model's fingerprint (what cache pages are named after) and its
+ * list of caches. Sessions live in session.c.
  */
 #include "model_internal.h"
 
@@ -21,6 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <sodium.h>
 
 #include "quant.h"
 #include "types.h"
@@ -388,152 +389,78 @@ const kv_model_info *kv_model_info_get(const kv_model *m) { return &m->info; }
 const kv_gguf *kv_model_gguf(const kv_model *m) { return m->g; }
 const kv_vocab *kv_model_vocab(const kv_model *m) { return m->vocab; }
 
-uint64_t kv_model_kv_bytes(const kv_model *m, int64_t n_ctx, int ktype, int vtype) {
-    if (!m || !m->layers || n_ctx <= 0) return 0;
+/* Pages of pt positions a session holds once it holds n_ctx positions:
+ * every page for full-attention layers; for a window layer of w, the pages
+ * overlapping the last w - 1 positions (what the next token reads) — the
+ * page with position n_ctx - w + 1 to the page with n_ctx - 1. */
+static uint64_t layer_pages(int64_t n_ctx, int64_t w, int pt) {
+    int64_t last = (n_ctx - 1) / pt, first = 0;
+    if (w > 0 && n_ctx - w + 1 > 0) first = (n_ctx - w + 1) / pt;
+    return (uint64_t)(last - first + 1);
+}
+
+uint64_t kv_model_kv_bytes_paged(const kv_model *m, int64_t n_ctx, int ktype, int vtype, int pt) {
+    if (!m || !m->layers || n_ctx <= 0 || pt <= 0) return 0;
     const kv_model_info *in = &m->info;
     uint64_t row = kv_row_size(ktype, in->head_dim) + kv_row_size(vtype, in->head_dim_v), total = 0;
     for (int il = 0; il < in->n_layer; il++) {
-        int64_t w = m->layers[il].window;
-        int64_t n = w > 0 && w < n_ctx ? w : n_ctx;
-        total += (uint64_t)n * in->n_head_kv * row;
+        uint64_t rows = layer_pages(n_ctx, m->layers[il].window, pt) * (uint64_t)pt * (uint64_t)in->n_head_kv;
+        if (row && rows > (UINT64_MAX - total) / row) return UINT64_MAX; /* saturate */
+        total += rows * row;
     }
     return total;
 }
 
-/* ==== sessions ================================================================= */
+uint64_t kv_model_kv_bytes(const kv_model *m, int64_t n_ctx, int ktype, int vtype) {
+    return kv_model_kv_bytes_paged(m, n_ctx, ktype, vtype, 16);
+}
 
-kv_status kv_session_open_ex(kv_model *m, int n_ctx, int ktype, int vtype, kv_session **out,
-                             kv_error *e) {
-    if (!out) return kv_fail(e, KV_ERR_ARG, "session: out is NULL");
-    *out = NULL;
-    if (!m) return kv_fail(e, KV_ERR_ARG, "session: model is NULL");
-    if (!m->info.has_weights)
-        return kv_fail(e, KV_ERR_ARG, "session: the model has no weights (vocabulary-only file)");
-    if (n_ctx <= 0) return kv_fail(e, KV_ERR_ARG, "session: n_ctx must be positive (got %d)", n_ctx);
-    const kv_model_info *in = &m->info;
-    kv_backend *be = &m->be;
-    kv_session *s = calloc(1, sizeof *s);
-    if (!s) return kv_fail(e, KV_ERR_NOMEM, "session: out of memory");
-    s->m = m;
-    s->n_ctx = n_ctx;
-    kv_status st = kv_kvcache_create(in->n_layer, in->n_head_kv, in->head_dim, in->head_dim_v, n_ctx,
-                                     ktype, vtype, &s->kv, e);
-    if (st) {
-        kv_session_close(s);
-        return st;
+int kv_model_layer_window(const kv_model *m, int il) { return m->layers[il].window; }
+kv_cache **kv_model_caches(kv_model *m) { return &m->caches; }
+
+/* ==== fingerprint ================================================================ */
+
+/* BLAKE2b over the whole file in leaves of 16 MiB (hashed by the pool's
+ * threads), then over the leaf hashes and the size: a tree of fixed shape,
+ * so the result does not depend on the thread count. */
+#define FP_LEAF ((size_t)16 << 20)
+
+typedef struct {
+    const uint8_t *base;
+    size_t size, n_leaves;
+    uint8_t *leaves; /* (n_leaves, 32) */
+} fp_job;
+
+static void fp_worker(void *arg, int ith, int nth) {
+    fp_job *j = arg;
+    for (size_t i = (size_t)ith; i < j->n_leaves; i += (size_t)nth) {
+        size_t off = i * FP_LEAF, len = j->size - off < FP_LEAF ? j->size - off : FP_LEAF;
+        crypto_generichash(j->leaves + 32 * i, 32, j->base + off, len, NULL, 0);
     }
-    const size_t C = KV_CHUNK;
-    s->tokens = malloc((size_t)n_ctx * sizeof *s->tokens);
-    s->pos_buf = malloc(C * sizeof *s->pos_buf);
-    s->x = be->alloc(be, C * in->n_embd);
-    s->xb = be->alloc(be, C * in->n_embd);
-    s->q = be->alloc(be, C * in->n_head * in->head_dim);
-    s->k = be->alloc(be, C * in->n_head_kv * in->head_dim);
-    s->v = be->alloc(be, C * in->n_head_kv * in->head_dim_v);
-    s->att = be->alloc(be, C * in->n_head * in->head_dim_v);
-    s->gate = be->alloc(be, C * in->n_ff);
-    s->up = be->alloc(be, C * in->n_ff);
-    /* attention scratch: the largest over chunk lengths (decode splits keys) */
-    size_t aw = 0;
-    kv_attn_params ap = {0, in->n_head, in->n_head_kv, in->head_dim, in->head_dim_v, 1.0f, 0, 0.0f};
-    for (int64_t T = 1; T <= (int64_t)C; T++) {
-        size_t a = be->attn_scratch(be, &ap, T);
-        if (a > aw) aw = a;
+}
+
+kv_status kv_model_fingerprint(kv_model *m, uint8_t out[32], double *seconds, kv_error *e) {
+    if (!m->fp_done) {
+        if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "fingerprint: libsodium failed to initialize");
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        fp_job j = {m->g->base, m->g->size, (m->g->size + FP_LEAF - 1) / FP_LEAF, NULL};
+        if (j.n_leaves == 0) j.n_leaves = 1;
+        j.leaves = malloc(j.n_leaves * 32);
+        if (!j.leaves) return kv_fail(e, KV_ERR_NOMEM, "fingerprint: out of memory");
+        kv_pool_run(m->pool, fp_worker, &j);
+        crypto_generichash_state st;
+        crypto_generichash_init(&st, NULL, 0, 32);
+        uint64_t size = m->g->size;
+        crypto_generichash_update(&st, (const uint8_t *)&size, sizeof size);
+        crypto_generichash_update(&st, j.leaves, j.n_leaves * 32);
+        crypto_generichash_final(&st, m->fp, 32);
+        free(j.leaves);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        m->fp_seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        m->fp_done = true;
     }
-    s->awork = be->alloc(be, aw);
-    /* matmul scratch: the largest over every weight at a full chunk */
-    size_t ms = be->matmul_scratch(be, &m->output, C);
-    for (int il = 0; il < in->n_layer; il++) {
-        const kv_layer *L = &m->layers[il];
-        const kv_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
-            size_t a = be->matmul_scratch(be, ws[i], C);
-            if (a > ms) ms = a;
-        }
-    }
-    s->mm_scratch_size = ms;
-    if (posix_memalign(&s->mm_scratch, 64, ms ? ms : 64) != 0) s->mm_scratch = NULL;
-    if (!s->tokens || !s->pos_buf || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att ||
-        !s->gate || !s->up || !s->awork || !s->mm_scratch) {
-        kv_session_close(s);
-        return kv_fail(e, KV_ERR_NOMEM, "session: out of memory for %d tokens", n_ctx);
-    }
-    *out = s;
+    if (out) memcpy(out, m->fp, 32);
+    if (seconds) *seconds = m->fp_seconds;
     return KV_OK;
 }
-
-kv_status kv_session_open(kv_model *m, int n_ctx, kv_session **out, kv_error *e) {
-    return kv_session_open_ex(m, n_ctx, KV_TYPE_F16, KV_TYPE_F16, out, e);
-}
-
-void kv_session_close(kv_session *s) {
-    if (!s) return;
-    kv_backend *be = &s->m->be;
-    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->gate, s->up, s->awork};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) be->free(be, bufs[i]);
-    free(s->mm_scratch);
-    free(s->pos_buf);
-    free(s->tokens);
-    kv_kvcache_free(s->kv);
-    free(s);
-}
-
-kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logits_mode,
-                          float *logits, kv_error *e) {
-    if (!s) return kv_fail(e, KV_ERR_ARG, "eval: session is NULL");
-    if (logits_mode != KV_LOGITS_NONE && logits_mode != KV_LOGITS_LAST && logits_mode != KV_LOGITS_ALL)
-        return kv_fail(e, KV_ERR_ARG, "eval: bad logits mode %d", logits_mode);
-    if (n == 0) {
-        if (logits_mode != KV_LOGITS_NONE)
-            return kv_fail(e, KV_ERR_ARG, "eval: no tokens to compute logits for");
-        return KV_OK;
-    }
-    if (!ids) return kv_fail(e, KV_ERR_ARG, "eval: ids is NULL");
-    if (logits_mode != KV_LOGITS_NONE && !logits) return kv_fail(e, KV_ERR_ARG, "eval: logits is NULL");
-    if (n > (size_t)(s->n_ctx - s->pos))
-        return kv_fail(e, KV_ERR_CONTEXT_FULL, "context full: %d tokens in session + %zu new > n_ctx %d",
-                       s->pos, n, s->n_ctx);
-    const int n_vocab = s->m->info.n_vocab;
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= n_vocab)
-            return kv_fail(e, KV_ERR_ARG, "eval: token id %d at index %zu is out of range [0, %d)",
-                           (int)ids[i], i, n_vocab);
-
-    kv_backend *be = &s->m->be;
-    const int pos_before = s->pos;
-    memcpy(s->tokens + s->pos, ids, n * sizeof *ids);
-    for (size_t off = 0; off < n;) {
-        int T = n - off > KV_CHUNK ? KV_CHUNK : (int)(n - off);
-        bool last = off + (size_t)T == n;
-        int mode = logits_mode == KV_LOGITS_ALL ? KV_LOGITS_ALL
-                   : (logits_mode == KV_LOGITS_LAST && last) ? KV_LOGITS_LAST : KV_LOGITS_NONE;
-        float *out = logits_mode == KV_LOGITS_ALL ? logits + off * (size_t)n_vocab : logits;
-        kv_forward(s, ids + off, T, mode, out);
-        int64_t nout = mode == KV_LOGITS_ALL ? (int64_t)T * n_vocab : mode == KV_LOGITS_LAST ? n_vocab : 0;
-        /* the residual stream of every position, not only the rows whose
-         * logits were asked for: a NaN in any of them is in the KV cache now */
-        if (!be->all_finite(be, s->x, (int64_t)T * s->m->info.n_embd) ||
-            (nout && !be->all_finite(be, out, nout))) {
-            int at = s->pos;
-            s->pos = pos_before;
-            return kv_fail(e, KV_ERR_NUMERIC,
-                           "eval: non-finite activations or logits for positions %d..%d (corrupted weights?)", at,
-                           at + T - 1);
-        }
-        s->pos += T;
-        off += (size_t)T;
-    }
-    return KV_OK;
-}
-
-int kv_session_pos(const kv_session *s) { return s->pos; }
-int kv_session_ctx(const kv_session *s) { return s->n_ctx; }
-const int32_t *kv_session_tokens(const kv_session *s) { return s->tokens; }
-
-void kv_session_rewind(kv_session *s, int n) {
-    if (!s || n <= 0) return;
-    s->pos = n >= s->pos ? 0 : s->pos - n;
-}
-
-uint64_t kv_session_kv_bytes(const kv_session *s) { return s ? kv_kvcache_bytes(s->kv) : 0; }

@@ -9,6 +9,7 @@
 #include "backend.h"
 #include "kvcache.h"
 #include "kvlua.h"
+#include "kvpool.h"
 
 typedef enum { KV_ARCH_LLAMA, KV_ARCH_QWEN2, KV_ARCH_GEMMA3 } kv_arch;
 
@@ -49,13 +50,23 @@ struct kv_model {
     kv_weight output;        /* (n_vocab, n_embd); token_embd when tied */
     kv_layer *layers;        /* (n_layer) */
     float *f32_arena;        /* norm weights, biases and rope factors converted to float */
+
+    kv_cache *caches;        /* open caches of this model (private pools too) */
+    bool fp_done;            /* fingerprint computed */
+    uint8_t fp[32];          /* BLAKE2b tree hash of the whole file */
+    double fp_seconds;       /* what computing it cost */
 };
 
 struct kv_session {
     kv_model *m;
     int n_ctx, pos;
     int32_t *tokens;   /* (n_ctx) ids held */
-    kv_kvcache *kv;
+    kv_kvcache *kv;    /* page tables into the session's cache */
+    kv_hash *chain;    /* (n_lp) chain hash of each full page held */
+    int n_chain;       /* chain[0 .. n_chain) are valid (n_chain <= pos / pt) */
+    bool holes;        /* pages the next eval needs may be missing (after rewind, failure) */
+    int32_t win_lo[KV_MAX_GROUPS]; /* window groups: pages below this were dropped */
+    uint64_t reused;   /* tokens taken from the cache */
 
     /* scratch, allocated once (KV_CHUNK tokens) */
     float *x;     /* (KV_CHUNK, n_embd) residual stream */
@@ -76,7 +87,8 @@ struct kv_session {
  * s->pos .. s->pos+T-1 (their K/V are written to the cache). Writes logits
  * for the last token (mode KV_LOGITS_LAST: logits (n_vocab)) or for every
  * token (KV_LOGITS_ALL: logits (T, n_vocab)), or none. Does not move
- * s->pos. */
-void kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits);
+ * s->pos. Returns false (and stops) when a layer's queries or keys are not
+ * finite: attention would otherwise mask NaN scores into finite output. */
+bool kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits);
 
 #endif

@@ -523,7 +523,8 @@ static void check_sessions(void) {
            "status %d err %.3g", st, err);
     st = kv_session_eval(s, ids, 1, KV_LOGITS_NONE, NULL, &e);
     report(st == KV_ERR_CONTEXT_FULL, "full session refuses one more", "status %d", st);
-    report(kv_session_kv_bytes(s) == (uint64_t)2 * 2 * 8 * (16 * 2) * 2, "session kv bytes (f16)", "%llu",
+    /* 8 positions held: one page of 16 (layers 2, KV heads 2, head 16, f16, K and V) */
+    report(kv_session_kv_bytes(s) == (uint64_t)2 * 2 * 16 * (16 * 2) * 2, "session kv bytes (f16)", "%llu",
            (unsigned long long)kv_session_kv_bytes(s));
     report(kv_model_kv_bytes(m, 8, KV_TYPE_F16, KV_TYPE_F16) == kv_session_kv_bytes(s),
            "model kv bytes == session kv bytes", "%llu", (unsigned long long)kv_model_kv_bytes(m, 8, 1, 1));
@@ -701,6 +702,250 @@ static void check_loader_errors(void) {
 
 /* ==== main =============================================================== */
 
+/* ==== the paged cache ======================================================== */
+
+/* Logits of the last position after ids[0..n) on a fresh private session
+ * split at k (prefill [0, k) without logits, then [k, n)); k = 0: one call. */
+static kv_status last_logits_split(kv_model *m, const int32_t *ids, int n, int k, int kt, float *out, kv_error *e) {
+    kv_session *s = NULL;
+    kv_status st = kv_session_open_ex(m, n + 8, kt, kt, &s, e);
+    if (!st && k > 0) st = kv_session_eval(s, ids, (size_t)k, KV_LOGITS_NONE, NULL, e);
+    if (!st) st = kv_session_eval(s, ids + k, (size_t)(n - k), KV_LOGITS_LAST, out, e);
+    kv_session_close(s);
+    return st;
+}
+
+/* Bit-exact reuse: a cold prefill, a prefill of the same ids reusing another
+ * session's pages, the ids split at every page offset, and decoded one at a
+ * time then reused all give the same bits. */
+static void check_exact(const char *name, cfg c, int N, int kt) {
+    char label[200];
+    weights w;
+    const char *path = write_model(&c, &w, name);
+    kv_error e = {{0}};
+    kv_model *m = path ? open_model(path, 2, &e) : NULL;
+    if (!m) {
+        report(false, name, "open: %s", e.msg);
+        weights_free(&w);
+        return;
+    }
+    const int V = c.n_vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * N);
+    make_ids(ids, N, V);
+    float *cold = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V), *all = malloc(sizeof(float) * V * N);
+    kv_status st = last_logits_split(m, ids, N, 0, kt, cold, &e);
+    snprintf(label, sizeof label, "%s: cold prefill", name);
+    report(st == KV_OK, label, "%s", e.msg);
+
+    /* split at every position of the first pages, then every page offset */
+    int bad = -1;
+    for (int k = 1; k < N && bad < 0; k += k < 40 ? 1 : 16)
+        if (last_logits_split(m, ids, N, k, kt, got, &e) != KV_OK || memcmp(got, cold, sizeof(float) * V)) bad = k;
+    snprintf(label, sizeof label, "%s: prefill split anywhere == cold, bit for bit", name);
+    report(bad < 0, label, "differs when split at %d", bad);
+
+    /* a shared cache: the second session reuses the first one's pages */
+    kv_cache_params cp = {.pages = 64, .page_tokens = 16, .ktype = kt, .vtype = kt, .prefix = true};
+    kv_cache *cache = NULL;
+    st = kv_cache_open(m, &cp, &cache, &e);
+    kv_session_params sp = {.n_ctx = N + 8, .cache = cache};
+    kv_session *a = NULL, *b = NULL, *d = NULL;
+    if (!st) st = kv_session_open_p(m, &sp, &a, &e);
+    if (!st) st = kv_session_eval(a, ids, N, KV_LOGITS_LAST, got, &e);
+    if (!st) st = kv_session_open_p(m, &sp, &b, &e);
+    if (!st) st = kv_session_eval(b, ids, N, KV_LOGITS_LAST, got, &e);
+    snprintf(label, sizeof label, "%s: reused prefix == cold, bit for bit (%llu tokens reused)", name,
+             b ? (unsigned long long)kv_session_reused_tokens(b) : 0ull);
+    report(st == KV_OK && b && kv_session_reused_tokens(b) >= (uint64_t)((N - 1) / 16 * 16) &&
+               !memcmp(got, cold, sizeof(float) * V),
+           label, "status %d %s", st, e.msg);
+
+    /* decode one at a time from 10 tokens on, then reuse those pages */
+    kv_session_close(a);
+    kv_session_close(b);
+    kv_cache_clear(cache);
+    if (!st) st = kv_session_open_p(m, &sp, &d, &e);
+    if (!st) st = kv_session_eval(d, ids, 10, KV_LOGITS_NONE, NULL, &e);
+    for (int i = 10; i < N && !st; i++) st = kv_session_eval(d, ids + i, 1, KV_LOGITS_LAST, got, &e);
+    snprintf(label, sizeof label, "%s: decoded one at a time == cold prefill, bit for bit", name);
+    report(st == KV_OK && !memcmp(got, cold, sizeof(float) * V), label, "status %d %s", st, e.msg);
+    kv_session_close(d);
+    b = NULL;
+    if (!st) st = kv_session_open_p(m, &sp, &b, &e);
+    if (!st) st = kv_session_eval(b, ids, N, KV_LOGITS_LAST, got, &e);
+    snprintf(label, sizeof label, "%s: pages written by decode, reused == cold, bit for bit", name);
+    report(st == KV_OK && kv_session_reused_tokens(b) > 0 && !memcmp(got, cold, sizeof(float) * V), label,
+           "status %d %s", st, e.msg);
+    /* every position's logits: prefill all == the decode steps */
+    kv_session_close(b);
+    b = NULL;
+    if (!st) st = kv_session_open_ex(m, N + 8, kt, kt, &b, &e);
+    if (!st) st = kv_session_eval(b, ids, N, KV_LOGITS_ALL, all, &e);
+    kv_session_close(b);
+    bad = -1;
+    b = NULL;
+    if (!st) st = kv_session_open_ex(m, N + 8, kt, kt, &b, &e);
+    for (int i = 0; i < N && !st && bad < 0; i++) {
+        st = kv_session_eval(b, ids + i, 1, KV_LOGITS_LAST, got, &e);
+        if (!st && memcmp(got, all + (size_t)i * V, sizeof(float) * V)) bad = i;
+    }
+    snprintf(label, sizeof label, "%s: logits of every position, prefill == decode, bit for bit", name);
+    report(st == KV_OK && bad < 0, label, "status %d, first difference at %d", st, bad);
+    kv_session_close(b);
+    kv_cache_close(cache);
+    kv_model_close(m);
+    free(ids), free(cold), free(got), free(all);
+    weights_free(&w);
+}
+
+/* Pages as tokens arrive, forks share, copy-on-write, eviction, pins,
+ * policies, window pages bounded, lookup reasons. */
+static void check_pool(void) {
+    char label[200];
+    cfg c = base_llama();
+    c.wtype = KV_TYPE_Q8_0;
+    c.n_embd = 64, c.head_dim = 32, c.n_head = 2, c.n_kv = 1;
+    weights w;
+    const char *path = write_model(&c, &w, "pool");
+    kv_error e = {{0}};
+    kv_model *m = path ? open_model(path, 2, &e) : NULL;
+    if (!m) {
+        report(false, "pool: open", "%s", e.msg);
+        weights_free(&w);
+        return;
+    }
+    int32_t ids[1100];
+    make_ids(ids, 1100, c.n_vocab);
+    float *lg = malloc(sizeof(float) * c.n_vocab);
+
+    /* a private pool takes pages as tokens arrive */
+    kv_session *s = NULL;
+    kv_session_open(m, 4096, &s, &e);
+    kv_session_eval(s, ids, 100, KV_LOGITS_NONE, NULL, &e);
+    kv_cache_stats st;
+    kv_cache_get_stats(kv_session_cache(s), &st);
+    report(st.used == 7, "ctx 4096 session holding 100 tokens holds 7 pages", "used %lld", (long long)st.used);
+    report(kv_session_kv_bytes(s) == kv_model_kv_bytes(m, 100, KV_TYPE_F16, KV_TYPE_F16),
+           "session bytes == model kv_bytes for its length", "%llu vs %llu", (unsigned long long)kv_session_kv_bytes(s),
+           (unsigned long long)kv_model_kv_bytes(m, 100, KV_TYPE_F16, KV_TYPE_F16));
+    kv_session_close(s);
+
+    /* forks: 64 forks of a 1,000-token session */
+    kv_cache_params cp = {.pages = 400, .page_tokens = 16, .ktype = KV_TYPE_F16, .vtype = KV_TYPE_F16, .prefix = true};
+    kv_cache *cache = NULL;
+    kv_cache_open(m, &cp, &cache, &e);
+    kv_session_params sp = {.n_ctx = 2048, .cache = cache};
+    kv_session_open_p(m, &sp, &s, &e);
+    kv_session_eval(s, ids, 1000, KV_LOGITS_LAST, lg, &e);
+    kv_cache_get_stats(cache, &st);
+    const int64_t base = st.used;
+    kv_session *forks[64];
+    bool ok = true;
+    for (int i = 0; i < 64; i++) ok = ok && kv_session_fork(s, &forks[i], &e) == KV_OK;
+    kv_cache_get_stats(cache, &st);
+    report(ok && st.used == base, "64 forks of a 1000-token session hold no new pages", "used %lld vs %lld",
+           (long long)st.used, (long long)base);
+    for (int i = 0; i < 64 && ok; i++)
+        for (int k = 0; k < 16 && ok; k++) ok = kv_session_eval(forks[i], ids + 1000 + (i + k) % 50, 1, KV_LOGITS_LAST, lg, &e) == KV_OK;
+    kv_cache_get_stats(cache, &st);
+    snprintf(label, sizeof label, "after 16 decode steps each, at most 2 pages more per fork (%lld more)",
+             (long long)(st.used - base));
+    report(ok && st.used - base <= 2 * 64, label, "%s", e.msg);
+    /* a fork's logits equal its parent's for the same continuation */
+    kv_session *f1 = NULL, *f2 = NULL;
+    kv_session_fork(s, &f1, &e);
+    kv_session_fork(s, &f2, &e);
+    float *l2 = malloc(sizeof(float) * c.n_vocab);
+    kv_session_eval(f1, ids + 1040, 5, KV_LOGITS_LAST, lg, &e);
+    kv_session_eval(f2, ids + 1040, 5, KV_LOGITS_LAST, l2, &e);
+    report(!memcmp(lg, l2, sizeof(float) * c.n_vocab), "two forks continued alike give the same bits", "%s", "");
+    kv_session_eval(s, ids + 1040, 5, KV_LOGITS_LAST, l2, &e);
+    report(!memcmp(lg, l2, sizeof(float) * c.n_vocab), "the parent continued alike gives the same bits", "%s", "");
+    kv_session_close(f1), kv_session_close(f2);
+    for (int i = 0; i < 64; i++) kv_session_close(forks[i]);
+    kv_session_close(s);
+    kv_cache_close(cache);
+
+    /* a small cache: eviction (LRU), cache full with numbers, pins */
+    kv_cache_params small = {.pages = 10, .page_tokens = 16, .ktype = KV_TYPE_F16, .vtype = KV_TYPE_F16, .prefix = true};
+    kv_cache_open(m, &small, &cache, &e);
+    kv_session_params sp2 = {.n_ctx = 512, .cache = cache};
+    kv_session_open_p(m, &sp2, &s, &e);
+    kv_status r = kv_session_eval(s, ids, 200, KV_LOGITS_LAST, lg, &e);
+    report(r == KV_ERR_CACHE_FULL && strstr(e.msg, "cache full") && kv_session_pos(s) == 0,
+           "prefill past the capacity: cache full, pos unchanged", "status %d (%s)", r, e.msg);
+    r = kv_session_eval(s, ids, 64, KV_LOGITS_LAST, lg, &e);
+    report(r == KV_OK && kv_session_pos(s) == 64, "the session stays usable", "status %d (%s)", r, e.msg);
+    kv_session_close(s); /* its 4 pages stay cached */
+    int64_t cached = 0;
+    const char *why = NULL;
+    kv_cache_lookup(cache, ids, 64, &cached, &why, &e);
+    report(cached == 64 && !why, "lookup: a closed session's pages are cached", "%lld %s", (long long)cached, why ? why : "");
+    kv_cache_pin(cache, ids, 32, true, &e);
+    int32_t other[160];
+    make_ids(other, 160, c.n_vocab);
+    kv_session_open_p(m, &sp2, &s, &e);
+    /* 8 cached pages (the failed prefill's 8 full pages, 2 of them pinned),
+     * 2 free: 8 new pages evict the 6 unpinned ones */
+    r = kv_session_eval(s, other, 128, KV_LOGITS_LAST, lg, &e);
+    kv_cache_get_stats(cache, &st);
+    report(r == KV_OK && st.evictions == 6 && st.pinned == 2 && st.used == 8, "LRU evicts unpinned pages only",
+           "status %d evictions %llu pinned %lld used %lld", r, (unsigned long long)st.evictions, (long long)st.pinned,
+           (long long)st.used);
+    kv_session_close(s);
+    kv_cache_lookup(cache, ids, 64, &cached, &why, &e);
+    report(cached == 32 && why && !strcmp(why, "evicted"), "lookup: pinned part cached, the rest evicted",
+           "%lld %s", (long long)cached, why ? why : "(null)");
+    int32_t fresh[48];
+    make_ids(fresh, 48, c.n_vocab);
+    fresh[0] = (fresh[0] + 1) % c.n_vocab;
+    kv_cache_lookup(cache, fresh, 48, &cached, &why, &e);
+    report(cached == 0 && why && !strcmp(why, "never seen"), "lookup: never seen", "%s", why ? why : "(null)");
+    kv_cache_lookup(cache, ids, 40, &cached, &why, &e);
+    report(cached == 32 && why && !strcmp(why, "partial page"), "lookup: a partial tail", "%lld %s", (long long)cached,
+           why ? why : "");
+    r = kv_cache_pin(cache, ids, 16 * 20, true, &e);
+    report(r != KV_OK, "pin more than the cache holds fails", "status %d", r);
+    kv_cache_close(cache);
+
+    /* other types */
+    kv_cache_params q8 = cp;
+    q8.ktype = q8.vtype = KV_TYPE_Q8_0;
+    kv_cache *cq = NULL, *cf = NULL;
+    kv_cache_open(m, &q8, &cq, &e);
+    kv_cache_open(m, &cp, &cf, &e);
+    kv_session_params sq = {.n_ctx = 256, .cache = cq};
+    kv_session_open_p(m, &sq, &s, &e);
+    kv_session_eval(s, ids, 64, KV_LOGITS_NONE, NULL, &e);
+    kv_cache_lookup(cf, ids, 64, &cached, &why, &e);
+    report(cached == 0 && why && !strcmp(why, "other types"), "lookup: cached with other types", "%s", why ? why : "(null)");
+    kv_session_close(s);
+    kv_cache_close(cq), kv_cache_close(cf);
+    free(lg), free(l2);
+    kv_model_close(m);
+    weights_free(&w);
+
+    /* sliding window: window layers keep only their window */
+    cfg g = base_gemma();
+    g.window = 32;
+    g.swa_pattern = 3;
+    path = write_model(&g, &w, "pool_gemma");
+    m = path ? open_model(path, 2, &e) : NULL;
+    if (m) {
+        int32_t *gi = malloc(sizeof(int32_t) * 1000);
+        make_ids(gi, 1000, g.n_vocab);
+        kv_session_open(m, 1024, &s, &e);
+        r = kv_session_eval(s, gi, 1000, KV_LOGITS_NONE, NULL, &e);
+        uint64_t want = kv_model_kv_bytes(m, 1000, KV_TYPE_F16, KV_TYPE_F16);
+        report(r == KV_OK && kv_session_kv_bytes(s) == want, "window layers hold their window only (== model kv_bytes)",
+               "%llu vs %llu", (unsigned long long)kv_session_kv_bytes(s), (unsigned long long)want);
+        kv_session_close(s);
+        free(gi);
+        kv_model_close(m);
+    }
+    weights_free(&w);
+}
+
 int main(void) {
     const char *td = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/kvlua_test_model_XXXXXX", td && *td ? td : "/tmp");
@@ -753,6 +998,18 @@ int main(void) {
     check_threads();
     check_types();
     check_loader_errors();
+    check_pool();
+    {
+        cfg x = base_llama();
+        x.wtype = KV_TYPE_Q4_0;
+        x.n_embd = 64, x.head_dim = 32, x.n_head = 4, x.n_kv = 2;
+        check_exact("exact llama q4_0", x, 150, KV_TYPE_F16);
+        check_exact("exact llama q4_0, q8_0 kv", x, 150, KV_TYPE_Q8_0);
+        cfg gx = base_gemma();
+        gx.wtype = KV_TYPE_Q8_0;
+        gx.window = 40;
+        check_exact("exact gemma3 window 40", gx, 300, KV_TYPE_F16);
+    }
 
     cfg nanc = base_llama();
     nanc.nan_weights = true;
