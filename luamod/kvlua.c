@@ -15,7 +15,9 @@
  * exists, so a Lua error mid-way leaves nothing half-built. A session keeps
  * its model's userdata alive (user value 1), and the model's engine object
  * is freed only when it is closed and no open session uses it, whichever
- * of model:close(), __gc and session closing happens last.
+ * of model:close(), __gc and session closing happens last. A Cache
+ * (l_cache.c) counts as such a user too; a session drawing from a Cache
+ * keeps it alive (user value 4).
  */
 #include <errno.h>
 #include <math.h>
@@ -30,6 +32,7 @@
 
 #include "kvcl.h"
 #include "kvlua.h"
+#include "l_cache.h"
 #include "l_logits.h"
 #include "types.h"
 
@@ -191,6 +194,19 @@ static l_model *l_model_check(lua_State *L, int idx) {
     l_model *lm = luaL_checkudata(L, idx, L_MODEL);
     if (lm->closed || !lm->m) luaL_error(L, "attempt to use a closed model");
     return lm;
+}
+
+kv_model *l_model_hold(lua_State *L, int idx, void **owner) {
+    l_model *lm = l_model_check(L, idx);
+    lm->sessions++;
+    *owner = lm;
+    return lm->m;
+}
+
+void l_model_unhold(void *owner) {
+    l_model *lm = owner;
+    lm->sessions--;
+    l_model_release(lm);
 }
 
 static const kv_vocab *l_model_vocab(lua_State *L, l_model *lm) {
@@ -427,12 +443,32 @@ static int l_model_kv_bytes(lua_State *L) {
     if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
     lua_Integer ctx = l_opt_int(L, 2, "ctx", kv_model_info_get(lm->m)->n_ctx_train);
     lua_Integer batch = l_opt_int(L, 2, "batch", 1);
+    lua_Integer pt = l_opt_int(L, 2, "page_tokens", 16);
     int kt = l_parse_kv_type(L, l_opt_str(L, 2, "ktype", "f16"));
     int vt = l_parse_kv_type(L, l_opt_str(L, 2, "vtype", "f16"));
     if (ctx < 0 || batch < 0) luaL_error(L, "ctx and batch must be >= 0");
-    uint64_t b = kv_model_kv_bytes(lm->m, ctx, kt, vt);
+    if (pt <= 0 || pt > 65536 || (pt & (pt - 1))) luaL_error(L, "option 'page_tokens' must be a power of two");
+    /* pages are rounded: what sessions of ctx positions hold */
+    uint64_t b = kv_model_kv_bytes_paged(lm->m, ctx, kt, vt, (int)pt);
+    if (b == UINT64_MAX || (batch && b > (uint64_t)INT64_MAX / (uint64_t)batch))
+        luaL_error(L, "kv_bytes: more than 2^63 bytes");
     lua_pushinteger(L, (lua_Integer)(b * (uint64_t)batch));
     return 1;
+}
+
+/* model:fingerprint() --> hex BLAKE2b of the file, seconds it took (once) */
+static int l_model_fingerprint(lua_State *L) {
+    l_model *lm = l_model_check(L, 1);
+    uint8_t fp[32];
+    double secs = 0;
+    kv_error e = {{0}};
+    if (!kv_model_info_get(lm->m)->has_weights) return l_fail(L, "model has no weights (vocabulary-only file)");
+    if (kv_model_fingerprint(lm->m, fp, &secs, &e) != KV_OK) return l_fail(L, e.msg);
+    char hex[65];
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", fp[i]);
+    lua_pushstring(L, hex);
+    lua_pushnumber(L, secs);
+    return 2;
 }
 
 static int l_model_gc(lua_State *L) {
@@ -462,6 +498,7 @@ static const luaL_Reg l_model_methods[] = {
     {"token_text", l_model_token_text},
     {"is_eog", l_model_is_eog},
     {"kv_bytes", l_model_kv_bytes},
+    {"fingerprint", l_model_fingerprint},
     {"session", l_session_new},
     {"close", l_model_gc},
     {NULL, NULL},
@@ -495,6 +532,7 @@ static int l_model_index(lua_State *L) {
 typedef struct {
     kv_session *s;    /* NULL when closed */
     l_model *lm;      /* owner (kept alive by user value 1) */
+    l_cache *lc;      /* the shared cache it draws from (user value 4), NULL: private pool */
     float *logits;    /* scratch for the last row(s) */
     size_t logits_cap;
     /* stats */
@@ -511,33 +549,58 @@ static l_session *l_session_check(lua_State *L, int idx) {
     return ls;
 }
 
+/* A new session userdata (born closed) keeping the model at index mi and
+ * the cache at index ci (0: none) alive. */
+static l_session *l_session_push(lua_State *L, int mi, int ci) {
+    /* user values: 1 model, 2 last Logits, 3 table of Lua-side fields, 4 cache */
+    l_session *ls = lua_newuserdatauv(L, sizeof *ls, 4);
+    memset(ls, 0, sizeof *ls);
+    ls->ttft = -1;
+    luaL_setmetatable(L, L_SESSION);
+    lua_pushvalue(L, mi);
+    lua_setiuservalue(L, -2, 1); /* keep the model alive */
+    if (ci) {
+        lua_pushvalue(L, ci);
+        lua_setiuservalue(L, -2, 4); /* and the cache */
+    }
+    return ls;
+}
+
 static int l_session_new(lua_State *L) {
     l_model *lm = l_model_check(L, 1);
     if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
     const kv_model_info *in = kv_model_info_get(lm->m);
     lua_Integer ctx = l_opt_int(L, 2, "ctx", in->n_ctx_train < 4096 ? in->n_ctx_train : 4096);
     if (ctx <= 0 || ctx > (1 << 24)) luaL_error(L, "option 'ctx' out of range: %d", (int)ctx);
-    if (l_opt_field(L, 2, "cache") != LUA_TNIL)
-        luaL_error(L, "option 'cache': shared KV caches are not available in this version");
-    lua_pop(L, 1);
-    /* the private cache's storage: "f16" (default), "f32", "q8_0" */
+    l_cache *lc = NULL;
+    int ci = 0;
+    if (l_opt_field(L, 2, "cache") != LUA_TNIL) {
+        lc = l_cache_check(L, -1);
+        ci = lua_gettop(L);
+        if (kv_cache_model(lc->c) != lm->m) luaL_error(L, "option 'cache': the cache belongs to another model");
+    } else {
+        lua_pop(L, 1);
+    }
+    /* the storage: "f16" (default), "f32", "q8_0"; with a cache, its own */
     int kt = l_parse_kv_type(L, l_opt_str(L, 2, "ktype", "f16"));
     int vt = l_parse_kv_type(L, l_opt_str(L, 2, "vtype", "f16"));
+    if (lc) {
+        int ckt, cvt;
+        kv_cache_types(lc->c, &ckt, &cvt);
+        if ((l_opt_field(L, 2, "ktype") != LUA_TNIL && kt != ckt) || (l_opt_field(L, 2, "vtype") != LUA_TNIL && vt != cvt))
+            luaL_error(L, "options 'ktype'/'vtype' differ from the cache's types");
+        lua_pop(L, 2);
+    }
     if (!in->has_weights) return l_fail(L, "model has no weights (vocabulary-only file)");
 
-    /* user values: 1 model, 2 last Logits, 3 table of Lua-side fields */
-    l_session *ls = lua_newuserdatauv(L, sizeof *ls, 3); /* born closed */
-    memset(ls, 0, sizeof *ls);
-    ls->ttft = -1;
-    luaL_setmetatable(L, L_SESSION);
-    lua_pushvalue(L, 1);
-    lua_setiuservalue(L, -2, 1); /* keep the model alive */
-
+    l_session *ls = l_session_push(L, 1, ci);
     kv_error e = {{0}};
     kv_session *s = NULL;
-    if (kv_session_open_ex(lm->m, (int)ctx, kt, vt, &s, &e) != KV_OK) return l_fail(L, e.msg);
+    kv_session_params p = {.n_ctx = (int)ctx, .ktype = kt, .vtype = vt, .cache = lc ? lc->c : NULL};
+    if (kv_session_open_p(lm->m, &p, &s, &e) != KV_OK) return l_fail(L, e.msg);
     ls->s = s;
     ls->lm = lm;
+    ls->lc = lc;
     lm->sessions++;
     return 1;
 }
@@ -576,9 +639,11 @@ static int l_session_run(lua_State *L, l_session *ls, const int32_t *ids, size_t
     if (rows && (size_t)n_vocab > SIZE_MAX / sizeof(float) / rows) luaL_error(L, "too many logits");
     float *out = l_session_scratch(L, ls, rows * (size_t)n_vocab);
     kv_error e = {{0}};
+    l_cache_before_eval(L, ls->lc);
     double t0 = l_now();
     kv_status st = kv_session_eval(ls->s, ids, n, mode, out, &e);
     double dt = l_now() - t0;
+    l_cache_after_eval(L, ls->lc); /* raises what the eviction policy raised */
     if (st != KV_OK) return l_fail(L, e.msg);
     if (is_decode) {
         if (ls->n_itl == ls->cap_itl) {
@@ -621,9 +686,12 @@ static int l_session_prefill(lua_State *L) {
     if (n == 0) luaL_argerror(L, 2, "empty token list");
     if (mode == KV_LOGITS_NONE) {
         kv_error e = {{0}};
+        l_cache_before_eval(L, ls->lc);
         double t0 = l_now();
-        if (kv_session_eval(ls->s, owned, n, KV_LOGITS_NONE, NULL, &e) != KV_OK) return l_fail(L, e.msg);
+        kv_status st = kv_session_eval(ls->s, owned, n, KV_LOGITS_NONE, NULL, &e);
         double dt = l_now() - t0;
+        l_cache_after_eval(L, ls->lc);
+        if (st != KV_OK) return l_fail(L, e.msg);
         if (ls->ttft < 0) ls->ttft = dt;
         ls->prefill_tokens += n;
         ls->prefill_seconds += dt;
@@ -682,11 +750,35 @@ static int l_session_stats(lua_State *L) {
     lua_setfield(L, -2, "itl");
     lua_pushinteger(L, (lua_Integer)ls->prefill_tokens), lua_setfield(L, -2, "prefill_tokens");
     lua_pushnumber(L, ls->prefill_seconds), lua_setfield(L, -2, "prefill_seconds");
-    lua_pushinteger(L, 0), lua_setfield(L, -2, "reused_tokens");
+    lua_pushinteger(L, (lua_Integer)kv_session_reused_tokens(ls->s)), lua_setfield(L, -2, "reused_tokens");
     lua_pushinteger(L, (lua_Integer)ls->decode_tokens), lua_setfield(L, -2, "decode_tokens");
     lua_pushinteger(L, (lua_Integer)kv_session_kv_bytes(ls->s)), lua_setfield(L, -2, "kv_bytes");
     lua_pushinteger(L, kv_session_pos(ls->s)), lua_setfield(L, -2, "pos");
     lua_pushinteger(L, kv_session_ctx(ls->s)), lua_setfield(L, -2, "ctx");
+    return 1;
+}
+
+/* s:fork() --> a session with the same tokens sharing every page (copy on write) */
+static int l_session_fork(lua_State *L) {
+    l_session *ls = l_session_check(L, 1);
+    if (ls->lc) l_cache_before_eval(L, ls->lc), ls->lc->L = NULL;
+    int ci = 0;
+    if (ls->lc) {
+        lua_getiuservalue(L, 1, 4);
+        ci = lua_gettop(L);
+    }
+    lua_getiuservalue(L, 1, 1);
+    int mi = lua_gettop(L);
+    l_session *f = l_session_push(L, mi, ci);
+    kv_error e = {{0}};
+    kv_session *s = NULL;
+    if (kv_session_fork(ls->s, &s, &e) != KV_OK) return l_fail(L, e.msg);
+    f->s = s;
+    f->lm = ls->lm;
+    f->lc = ls->lc;
+    f->lm->sessions++;
+    lua_getiuservalue(L, 1, 2); /* the same last logits */
+    lua_setiuservalue(L, -2, 2);
     return 1;
 }
 
@@ -704,6 +796,7 @@ static const luaL_Reg l_session_methods[] = {
     {"tokens", l_session_tokens},
     {"rewind", l_session_rewind},
     {"stats", l_session_stats},
+    {"fork", l_session_fork},
     {"close", l_session_gc},
     {NULL, NULL},
 };
@@ -718,6 +811,10 @@ static int l_session_index(lua_State *L) {
     }
     if (k && !strcmp(k, "model")) {
         lua_getiuservalue(L, 1, 1);
+        return 1;
+    }
+    if (k && !strcmp(k, "cache")) { /* the shared Cache, or nil for a private pool */
+        lua_getiuservalue(L, 1, 4);
         return 1;
     }
     lua_getmetatable(L, 1);
@@ -735,7 +832,7 @@ static int l_session_index(lua_State *L) {
 static int l_session_newindex(lua_State *L) {
     luaL_checkudata(L, 1, L_SESSION);
     const char *k = lua_tostring(L, 2);
-    if (k && (!strcmp(k, "pos") || !strcmp(k, "ctx") || !strcmp(k, "model")))
+    if (k && (!strcmp(k, "pos") || !strcmp(k, "ctx") || !strcmp(k, "model") || !strcmp(k, "cache")))
         luaL_error(L, "session field '%s' is read-only", k);
     lua_getmetatable(L, 1);
     lua_getfield(L, -1, "__methods");
@@ -785,6 +882,7 @@ static int l_utf8_complete(lua_State *L) {
 
 static const luaL_Reg l_funcs[] = {
     {"load", l_load},
+    {"cache", l_cache_new},
     {"devices", l_devices},
     {"logits", l_logits_new},
     {"utf8_complete", l_utf8_complete},
@@ -829,6 +927,7 @@ int luaopen_kvlua(lua_State *L) {
     lua_setfield(L, -2, "__newindex");
     lua_pop(L, 1);
     l_logits_open(L);
+    l_cache_open(L);
     luaL_newlib(L, l_funcs);
     lua_pushstring(L, KVLUA_VERSION);
     lua_setfield(L, -2, "version");

@@ -1,0 +1,42 @@
+/* l_cache.h — the Cache userdata ("kvlua.Cache"): a KV page pool that
+ * sessions share (kvlua.cache(model, opts)), its stats, lookup, pins and
+ * the Lua eviction policy. See l_cache.c for the contract. */
+#ifndef L_CACHE_H
+#define L_CACHE_H
+
+#include <lua.h>
+
+#include "kvlua.h"
+
+#define L_CACHE "kvlua.Cache"
+
+typedef struct {
+    kv_cache *c;       /* the owner's reference; NULL once closed */
+    kv_cache *eng;     /* the engine cache (alive while sessions use it, even closed) */
+    void *owner;       /* the model's binding object (released when the cache is collected) */
+    int policy_ref;    /* registry reference of the policy function, or LUA_NOREF */
+    lua_State *L;      /* the thread of the evaluation in progress (the policy runs on it) */
+    int in_policy;     /* the policy is running: evaluations on this cache raise */
+    int policy_failed; /* the last policy call raised or returned nonsense */
+    char policy_err[512];
+} l_cache;
+
+/* Registers the metatable; call once from luaopen_kvlua. */
+void l_cache_open(lua_State *L);
+/* kvlua.cache(model, opts) */
+int l_cache_new(lua_State *L);
+/* The Cache at idx (raises if it is not one, or is closed). */
+l_cache *l_cache_check(lua_State *L, int idx);
+
+/* Around an evaluation of a session drawing from lc (NULL: private pool):
+ * before raises if the policy is running; after raises the policy's error
+ * if it failed, else returns. */
+void l_cache_before_eval(lua_State *L, l_cache *lc);
+void l_cache_after_eval(lua_State *L, l_cache *lc);
+
+/* Provided by kvlua.c: the engine model of the Model at idx (raises if
+ * closed), counted as used until l_model_unhold. */
+kv_model *l_model_hold(lua_State *L, int idx, void **owner);
+void l_model_unhold(void *owner);
+
+#endif
