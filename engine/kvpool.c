@@ -516,6 +516,12 @@ full:;
                    (unsigned long long)c->capacity_bytes, G->page_bytes);
 }
 
+static int evictable(const kv_cache *c, int g) {
+    int n = 0;
+    for (int32_t id = c->groups[g].lru_head; id >= 0; id = c->groups[g].pages[id].lru_next) n += !c->groups[g].pages[id].pinned;
+    return n;
+}
+
 kv_status kv_pool_reserve(kv_cache *c, const int need[KV_MAX_GROUPS], kv_error *e) {
     for (int g = 0; g < c->n_groups; g++) {
         if (need[g] <= 0) continue;
@@ -525,30 +531,25 @@ kv_status kv_pool_reserve(kv_cache *c, const int need[KV_MAX_GROUPS], kv_error *
         if (c->is_private) {
             /* evict own cached pages past what the context needs, else grow */
             int ev = need[g] - (int)room;
-            if (ev > G->n_cached) ev = 0;
-            if (ev > 0 && make_room(c, g, ev, e) == KV_OK) continue;
+            if (ev <= evictable(c, g) && make_room(c, g, ev, e) == KV_OK) continue;
             while (group_room(c, g) < need[g])
                 if (!group_grow(G)) return kv_fail(e, KV_ERR_NOMEM, "session: out of memory for KV pages");
             continue;
         }
-        /* a free page slot may exist without budget (another group holds it) or vice versa */
-        int64_t want = need[g] - room;
-        kv_status st = make_room(c, g, (int)want, e);
-        if (st) return st;
-        /* evicting in g frees budget; other groups' cached pages may hold the rest */
-        for (int h = 0; h < c->n_groups && group_room(c, g) < need[g]; h++) {
-            if (h == g) continue;
-            kv_group *H = &c->groups[h];
-            while (group_room(c, g) < need[g] && H->lru_head >= 0) {
-                int32_t id = H->lru_head;
-                while (id >= 0 && H->pages[id].pinned) id = H->pages[id].lru_next;
-                if (id < 0) break;
-                evict(c, h, id);
-            }
+        /* the group's own cached pages first (they free a slot and budget),
+         * then other groups' (budget), each through the policy */
+        int own = evictable(c, g), want = need[g] - (int)room;
+        kv_status st = KV_OK;
+        if (own > 0) st = make_room(c, g, want < own ? want : own, e);
+        for (int h = 0; st == KV_OK && group_room(c, g) < need[g] && h < c->n_groups; h++) {
+            if (h == g || evictable(c, h) == 0) continue;
+            uint64_t deficit = (uint64_t)(need[g] - group_room(c, g)) * G->page_bytes;
+            uint64_t k = (deficit + c->groups[h].page_bytes - 1) / c->groups[h].page_bytes;
+            int avail = evictable(c, h);
+            st = make_room(c, h, k < (uint64_t)avail ? (int)k : avail, e);
         }
-        if (group_room(c, g) < need[g])
-            return kv_fail(e, KV_ERR_CACHE_FULL, "cache full: %d pages needed, %lld free (capacity %llu bytes)",
-                           need[g], (long long)group_room(c, g), (unsigned long long)c->capacity_bytes);
+        if (st) return st;
+        if (group_room(c, g) < need[g]) return make_room(c, g, need[g] - (int)group_room(c, g) + evictable(c, g), e);
     }
     return KV_OK;
 }

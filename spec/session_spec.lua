@@ -402,12 +402,14 @@ describe("s:stats()", function()
     assert.equals(2, s:stats().prefill_tokens)
   end)
 
-  it("reports the KV cache bytes, equal to model:kv_bytes for the same ctx", function()
-    for _, ctx in ipairs { 8, 100, 512 } do
-      local s = assert(model:session { ctx = ctx })
+  it("reports the bytes of the KV pages it holds, equal to model:kv_bytes for as many tokens", function()
+    for _, n in ipairs { 8, 100, 200 } do
+      local s = assert(model:session { ctx = 512 })
+      assert.equals(0, s:stats().kv_bytes) -- pages are taken as tokens arrive
+      assert(s:prefill(some_ids(n, 64, n), { logits = "none" }))
       local st = s:stats()
       assert.is_true(st.kv_bytes > 0)
-      assert.equals(model:kv_bytes { ctx = ctx }, st.kv_bytes)
+      assert.equals(model:kv_bytes { ctx = n }, st.kv_bytes)
       s:close()
     end
   end)
@@ -645,8 +647,10 @@ describe("sessions on SmolLM2-135M-Instruct", function()
 
   it("s:stats().kv_bytes equals model:kv_bytes for the same ctx", function()
     if not real then return pending("smollm2 not available") end
-    local s = assert(real:session { ctx = 100 })
-    assert.equals(2 * 30 * 3 * 64 * 2 * 100, s:stats().kv_bytes)
+    local s = assert(real:session { ctx = 1000 })
+    assert(s:prefill(some_ids(100, 1000, 5), { logits = "none" }))
+    -- 100 tokens in pages of 16: 7 pages of K and V, 30 layers, 3 KV heads, 64 f16 values
+    assert.equals(2 * 30 * 3 * 64 * 2 * 112, s:stats().kv_bytes)
     assert.equals(real:kv_bytes { ctx = 100 }, s:stats().kv_bytes)
     s:close()
   end)
@@ -668,11 +672,12 @@ describe("model:session{ ktype =, vtype = } (the private cache's storage)", func
     local f = assert(m32:session { ctx = 100 })
     local q = assert(m32:session { ctx = 100, ktype = "q8_0", vtype = "q8_0" })
     local mixed = assert(m32:session { ctx = 100, ktype = "f16", vtype = "q8_0" })
+    for _, s in ipairs { f, q, mixed } do assert(s:prefill(ids, { logits = "none" })) end
     -- per stored row of 32 values: f16 64 bytes, q8_0 34 (32 int8 + an f16 scale)
     assert.equals(f:stats().kv_bytes * 34 // 64, q:stats().kv_bytes)
     assert.equals(f:stats().kv_bytes * (64 + 34) // 128, mixed:stats().kv_bytes)
-    assert.equals(m32:kv_bytes { ctx = 100, ktype = "q8_0", vtype = "q8_0" }, q:stats().kv_bytes)
-    assert.equals(m32:kv_bytes { ctx = 100, vtype = "q8_0" }, mixed:stats().kv_bytes)
+    assert.equals(m32:kv_bytes { ctx = 40, ktype = "q8_0", vtype = "q8_0" }, q:stats().kv_bytes)
+    assert.equals(m32:kv_bytes { ctx = 40, vtype = "q8_0" }, mixed:stats().kv_bytes)
     f:close(); q:close(); mixed:close()
   end)
 
