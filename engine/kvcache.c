@@ -67,7 +67,7 @@ uint64_t kv_kvcache_bytes(const kv_kvcache *c) {
 
 /* Longest run reported at once: long enough for linear streaming, short
  * enough that the scan stays cheap. */
-#define SPAN_MAX_PAGES 64
+#define SPAN_MAX_PAGES 8
 
 void *kv_kv_span_mut(kv_kvcache *c, int layer, int kv_head, int pos0, int *n_contig, bool v) {
     const kv_cache *p = c->pool;
