@@ -24,7 +24,9 @@
 
 /* ==== one layer ============================================================ */
 
-static bool forward_layer(kv_session *s, int il, int T) {
+/* s owns the scratch; the T rows belong to seqs[0] (n_seqs == 1: T tokens
+ * at its positions) or are one token of each of the n_seqs == T sessions. */
+static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, int il, int T) {
     kv_model *m = s->m;
     kv_backend *be = &m->be;
     const kv_model_info *in = &m->info;
@@ -44,13 +46,21 @@ static bool forward_layer(kv_session *s, int il, int T) {
     if (m->q_scale != 1.0f) be->scale(be, s->q, (int64_t)T * n_head * hd, m->q_scale);
     if (!be->all_finite(be, s->q, (int64_t)T * n_head * hd) || !be->all_finite(be, s->k, (int64_t)T * n_kv * hd))
         return false; /* a NaN score would be masked, not propagated */
-    be->kv_store(be, s->kv, il, s->pos, T, s->k, s->v);
-
     kv_attn_params ap = {
         .layer = il, .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .head_dim_v = hdv,
         .scale = m->kq_scale, .window = L->window, .softcap = 0.0f,
     };
-    be->attention(be, s->kv, &ap, s->q, T, s->pos, s->att, s->awork); /* (T, n_head*hdv) */
+    if (n_seqs == 1) {
+        be->kv_store(be, seqs[0]->kv, il, seqs[0]->pos, T, s->k, s->v);
+        be->attention(be, seqs[0]->kv, &ap, s->q, T, seqs[0]->pos, s->att, s->awork); /* (T, n_head*hdv) */
+    } else { /* a batch: row b is the next token of session b, against its own pages */
+        for (int b = 0; b < n_seqs; b++)
+            be->kv_store(be, seqs[b]->kv, il, seqs[b]->pos, 1, s->k + (size_t)b * n_kv * hd,
+                         s->v + (size_t)b * n_kv * hdv);
+        for (int b = 0; b < n_seqs; b++)
+            be->attention(be, seqs[b]->kv, &ap, s->q + (size_t)b * n_head * hd, 1, seqs[b]->pos,
+                          s->att + (size_t)b * n_head * hdv, s->awork);
+    }
 
     be->matmul(be, &L->wo, NULL, s->att, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
     if (L->post_attn_norm) be->rmsnorm(be, s->xb, s->xb, L->post_attn_norm, T, n_embd, m->eps);
@@ -70,17 +80,18 @@ static bool forward_layer(kv_session *s, int il, int T) {
 
 /* ==== the whole pass ======================================================= */
 
-bool kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits) {
+static bool forward_rows(kv_session *s, kv_session *const *seqs, int n_seqs, const int32_t *ids, int T,
+                         int logits_mode, float *logits) {
     kv_model *m = s->m;
     kv_backend *be = &m->be;
     const int n_embd = m->info.n_embd, n_vocab = m->info.n_vocab;
 
-    for (int t = 0; t < T; t++) s->pos_buf[t] = s->pos + t;
+    for (int t = 0; t < T; t++) s->pos_buf[t] = n_seqs == 1 ? seqs[0]->pos + t : seqs[t]->pos;
     be->embed(be, &m->tok_embd, ids, T, s->x); /* (T, n_embd) */
     if (m->embd_scale != 1.0f) be->scale(be, s->x, (int64_t)T * n_embd, m->embd_scale);
 
     for (int il = 0; il < m->info.n_layer; il++)
-        if (!forward_layer(s, il, T)) return false;
+        if (!forward_layer(s, seqs, n_seqs, il, T)) return false;
 
     if (logits_mode == KV_LOGITS_NONE) return true;
     /* rows wanted: the last one, or all */
@@ -90,4 +101,12 @@ bool kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float
     be->matmul(be, &m->output, NULL, s->xb, nr, logits, n_vocab, s->mm_scratch); /* (nr, n_vocab) */
     if (m->final_softcap > 0.0f) be->softcap(be, logits, (int64_t)nr * n_vocab, m->final_softcap);
     return true;
+}
+
+bool kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits) {
+    return forward_rows(s, &s, 1, ids, T, logits_mode, logits);
+}
+
+bool kv_forward_batch(kv_session *const *seqs, const int32_t *ids, int B, float *logits) {
+    return forward_rows(seqs[0], seqs, B, ids, B, KV_LOGITS_ALL, logits);
 }

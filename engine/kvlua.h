@@ -236,6 +236,13 @@ void kv_session_close(kv_session *s); /* NULL is fine */
 kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logits_mode,
                           float *logits, kv_error *e);
 
+/* One forward pass decoding ids[i] in session ss[i] for n distinct sessions
+ * of one model: the weights are read once per step, attention runs per
+ * session through its own pages. logits: n * n_vocab floats. Each row is
+ * the same bits a kv_session_eval of that token alone gives. All or
+ * nothing: on failure no session has moved. */
+kv_status kv_decode_batch(kv_session *const *ss, const int32_t *ids, size_t n, float *logits, kv_error *e);
+
 int kv_session_pos(const kv_session *s);
 int kv_session_ctx(const kv_session *s);
 const int32_t *kv_session_tokens(const kv_session *s); /* pos ids */

@@ -90,5 +90,9 @@ struct kv_session {
  * s->pos. Returns false (and stops) when a layer's queries or keys are not
  * finite: attention would otherwise mask NaN scores into finite output. */
 bool kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits);
+/* One forward pass over the next token of each of B <= KV_CHUNK sessions of
+ * one model (weights read once; attention per session through its pages),
+ * in seqs[0]'s scratch. logits: (B, n_vocab). Does not move any pos. */
+bool kv_forward_batch(kv_session *const *seqs, const int32_t *ids, int B, float *logits);
 
 #endif

@@ -543,6 +543,66 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
     return st;
 }
 
+/* ==== batched decode ================================================================= */
+
+/* Up to KV_CHUNK sessions at once: all pages prepared first (all or
+ * nothing), one forward pass, then each session moves on. */
+static kv_status decode_group(kv_session *const *ss, const int32_t *ids, int B, float *logits, kv_error *e) {
+    kv_model *m = ss[0]->m;
+    kv_backend *be = &m->be;
+    const int n_vocab = m->info.n_vocab;
+    kv_status st = KV_OK;
+    for (int b = 0; b < B && st == KV_OK; b++) {
+        st = repair(ss[b], e);
+        if (st == KV_OK) st = prepare_pages(ss[b], ss[b]->pos, 1, e);
+    }
+    if (st == KV_OK) {
+        for (int b = 0; b < B; b++) ss[b]->tokens[ss[b]->pos] = ids[b];
+        if (!kv_forward_batch(ss, ids, B, logits))
+            st = kv_fail(e, KV_ERR_NUMERIC, "decode_batch: non-finite queries or keys (corrupted weights?)");
+        else if (!be->all_finite(be, ss[0]->x, (int64_t)B * m->info.n_embd) ||
+                 !be->all_finite(be, logits, (int64_t)B * n_vocab))
+            st = kv_fail(e, KV_ERR_NUMERIC, "decode_batch: non-finite activations or logits (corrupted weights?)");
+    }
+    if (st != KV_OK) {
+        for (int b = 0; b < B; b++) trim_from(ss[b], ss[b]->pos);
+        return st;
+    }
+    for (int b = 0; b < B; b++) {
+        ss[b]->pos++;
+        seal_full_pages(ss[b]);
+        drop_window_pages(ss[b]);
+    }
+    return KV_OK;
+}
+
+kv_status kv_decode_batch(kv_session *const *ss, const int32_t *ids, size_t n, float *logits, kv_error *e) {
+    if (!ss || !ids || !logits || n == 0) return kv_fail(e, KV_ERR_ARG, "decode_batch: no sessions");
+    const kv_model *m = ss[0] ? ss[0]->m : NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!ss[i]) return kv_fail(e, KV_ERR_ARG, "decode_batch: session %zu is NULL", i + 1);
+        if (ss[i]->m != m) return kv_fail(e, KV_ERR_ARG, "decode_batch: session %zu belongs to another model", i + 1);
+        for (size_t j = 0; j < i; j++)
+            if (ss[j] == ss[i]) return kv_fail(e, KV_ERR_ARG, "decode_batch: session %zu appears twice", i + 1);
+        if (ids[i] < 0 || ids[i] >= m->info.n_vocab)
+            return kv_fail(e, KV_ERR_ARG, "decode_batch: token id %d (session %zu) is out of range [0, %d)",
+                           (int)ids[i], i + 1, m->info.n_vocab);
+        if (ss[i]->pos >= ss[i]->n_ctx)
+            return kv_fail(e, KV_ERR_CONTEXT_FULL, "context full: session %zu holds %d tokens, n_ctx %d", i + 1,
+                           ss[i]->pos, ss[i]->n_ctx);
+    }
+    for (size_t off = 0; off < n; off += KV_CHUNK) {
+        int B = n - off > KV_CHUNK ? KV_CHUNK : (int)(n - off);
+        kv_status st = decode_group(ss + off, ids + off, B, logits + off * (size_t)m->info.n_vocab, e);
+        if (st) {
+            /* groups before this one have moved: take their tokens back */
+            for (size_t i = 0; i < off; i++) kv_session_rewind(ss[i], 1);
+            return st;
+        }
+    }
+    return KV_OK;
+}
+
 /* ==== queries ========================================================================== */
 
 int kv_session_pos(const kv_session *s) { return s->pos; }

@@ -850,6 +850,67 @@ static int l_session_newindex(lua_State *L) {
     return 0;
 }
 
+/* kvlua.decode_batch({s1, s2, ...}, {id1, id2, ...}) --> {Logits, ...} | nil, err:
+ * one forward pass for the next token of every session (distinct sessions
+ * of one model); each Logits is the same bits s:decode(id) would give. */
+static int l_decode_batch(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, 1);
+    if (n < 1 || n > 65536) luaL_argerror(L, 1, "between 1 and 65536 sessions");
+    if (luaL_len(L, 2) != n) luaL_argerror(L, 2, "one token id per session");
+    kv_session **ss = lua_newuserdatauv(L, (size_t)n * sizeof *ss, 0);
+    l_session **lss = lua_newuserdatauv(L, (size_t)n * sizeof *lss, 0);
+    int32_t *ids = lua_newuserdatauv(L, (size_t)n * sizeof *ids, 0);
+    int n_vocab = 0;
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_geti(L, 1, i);
+        if (!luaL_testudata(L, -1, L_SESSION)) luaL_error(L, "decode_batch: entry %I is not a session", i);
+        l_session *ls = l_session_check(L, -1);
+        lua_pop(L, 1);
+        if (i == 1) n_vocab = kv_model_info_get(ls->lm->m)->n_vocab;
+        else if (ls->lm != lss[0]->lm) luaL_error(L, "decode_batch: session %I belongs to another model", i);
+        for (lua_Integer j = 1; j < i; j++)
+            if (lss[j - 1] == ls) luaL_error(L, "decode_batch: session %I appears twice", i);
+        lua_geti(L, 2, i);
+        int ok = 0;
+        lua_Integer id = lua_tointegerx(L, -1, &ok);
+        lua_pop(L, 1);
+        if (!ok || id < 0 || id >= n_vocab) luaL_error(L, "decode_batch: token id at index %I out of range [0, %d)", i, n_vocab);
+        lss[i - 1] = ls;
+        ss[i - 1] = ls->s;
+        ids[i - 1] = (int32_t)id;
+    }
+    if ((size_t)n_vocab > SIZE_MAX / sizeof(float) / (size_t)n) luaL_error(L, "decode_batch: too many logits");
+    float *out = lua_newuserdatauv(L, (size_t)n * (size_t)n_vocab * sizeof(float), 0);
+    for (lua_Integer i = 0; i < n; i++) l_cache_before_eval(L, lss[i]->lc);
+    kv_error e = {{0}};
+    double t0 = l_now();
+    kv_status st = kv_decode_batch(ss, ids, (size_t)n, out, &e);
+    double dt = l_now() - t0;
+    for (lua_Integer i = 0; i < n; i++) l_cache_after_eval(L, lss[i]->lc);
+    if (st != KV_OK) return l_fail(L, e.msg);
+    lua_createtable(L, (int)n, 0);
+    for (lua_Integer i = 1; i <= n; i++) {
+        l_session *ls = lss[i - 1];
+        float *dst = l_logits_push(L, n_vocab, 1);
+        memcpy(dst, out + (size_t)(i - 1) * n_vocab, (size_t)n_vocab * sizeof(float));
+        lua_geti(L, 1, i); /* the session: remember its last logits */
+        lua_pushvalue(L, -2);
+        lua_setiuservalue(L, -2, 2);
+        lua_pop(L, 1);
+        lua_rawseti(L, -2, i);
+        if (ls->n_itl == ls->cap_itl) {
+            size_t cap = ls->cap_itl ? ls->cap_itl * 2 : 256;
+            double *p = realloc(ls->itl, cap * sizeof(double));
+            if (p) ls->itl = p, ls->cap_itl = cap;
+        }
+        if (ls->n_itl < ls->cap_itl) ls->itl[ls->n_itl++] = dt;
+        ls->decode_tokens++;
+    }
+    return 1;
+}
+
 /* ==== module functions =================================================== */
 
 static int l_devices(lua_State *L) {
@@ -883,6 +944,7 @@ static int l_utf8_complete(lua_State *L) {
 static const luaL_Reg l_funcs[] = {
     {"load", l_load},
     {"cache", l_cache_new},
+    {"decode_batch", l_decode_batch},
     {"devices", l_devices},
     {"logits", l_logits_new},
     {"utf8_complete", l_utf8_complete},
