@@ -113,10 +113,42 @@ describe("scheduler", function()
     end
     -- whole prompts: both are prefilled before the first decode step
     assert.same({ 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 }, sizes_with(0))
-    -- chunks of 8: step 1 prefills "a" (2 tokens) and 6 of the long prompt,
-    -- then 8 a step: the long prompt's first token comes at step 7
+    -- chunks of 8: step 1 prefills "a" (2 tokens; the long prompt's first
+    -- piece of 8 does not fit the 6 left), steps 2-8 the long prompt's
+    -- pieces 8+8+8+8+8+8+1: its first token comes at step 8
     local sizes = sizes_with(8)
-    assert.same({ 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1 }, sizes)
+    assert.same({ 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1 }, sizes)
+  end)
+
+  it("cuts each prompt into pieces from its own start, whatever its neighbours", function()
+    -- a model whose sessions log the size of every prefill call
+    local log
+    local logging = setmetatable({
+      session = function(_, o)
+        local s = assert(model:session(o))
+        local mine = {}
+        log[#log + 1] = mine
+        return setmetatable({}, { __index = function(_, k)
+          if k == "prefill" then
+            return function(_, ids, opts)
+              mine[#mine + 1] = #ids
+              return s:prefill(ids, opts)
+            end
+          end
+          local v = s[k]
+          if type(v) == "function" then return function(_, ...) return v(s, ...) end end
+          return v
+        end })
+      end,
+    }, { __index = function(_, k) return function(_, ...) return model[k](model, ...) end end })
+    local long = prompt(string.rep("z", 20)) -- 21 tokens
+    for _, first in ipairs { "a", "abcde", string.rep("q", 13) } do
+      log = {}
+      local sch = scheduler.new(logging, { batch = 2, prefill_chunk = 8 })
+      local reqs, k = { { prompt = prompt(first), max_tokens = 3 }, { prompt = long, max_tokens = 3 } }, 0
+      sch:run(function() k = k + 1 return reqs[k] end, function() end)
+      assert.same({ 8, 8, 5 }, log[2], "after a prompt of " .. #first + 1 .. " tokens")
+    end
   end)
 
   it("finishes on EOG (not in the ids or text), stop strings and max_tokens", function()

@@ -22,7 +22,8 @@
 --   1. admit requests while fewer than `batch` are active (each gets its
 --      own session, sized to its prompt + max_tokens unless opts.ctx);
 --   2. prefill: at most `prefill_chunk` prompt tokens in all (0: every
---      waiting prompt whole), oldest request first;
+--      waiting prompt whole), in pieces cut from each prompt's start,
+--      oldest request first;
 --   3. sample one token for every request whose logits are ready;
 --   4. decode those tokens, all sessions through ONE call of
 --      decode_step(sessions, ids) (scheduler.decode_step, or opts.decode_step).
@@ -146,10 +147,9 @@ function Scheduler:admit(req, k)
   return e
 end
 
--- Feeds up to `budget` prompt tokens of e; returns how many it fed.
-function Scheduler:prefill_some(e, budget)
+-- Feeds the next n prompt tokens of e; returns n.
+function Scheduler:prefill_some(e, n)
   local prompt = e.req.prompt
-  local n = math.min(#prompt - e.fed, budget)
   local chunk = table.move(prompt, e.fed + 1, e.fed + n, 1, {})
   local last = e.fed + n == #prompt
   local before = prefill_seconds(e.session)
@@ -209,13 +209,21 @@ function Scheduler:fill(active, next_request)
   end
 end
 
--- 2. prefill within the step's token budget, oldest request first.
+-- 2. prefill, oldest request first. A prompt is cut into pieces of
+-- prefill_chunk tokens counted from its own start, whatever else is
+-- waiting, so how a prompt is cut never depends on its neighbours: on a
+-- quantized model, the logits of a prompt prefilled in different pieces
+-- differ by rounding noise that can change a greedy choice. A step runs
+-- pieces while they fit in its budget of prefill_chunk tokens (its first
+-- piece always does).
 function Scheduler:prefill_step(active)
-  local budget = self.prefill_chunk > 0 and self.prefill_chunk or math.huge
+  local chunk = self.prefill_chunk > 0 and self.prefill_chunk or math.huge
+  local budget = chunk
   for _, e in ipairs(active) do
-    if budget <= 0 then break end
     if not e.done and e.fed < #e.req.prompt then
-      budget = budget - self:prefill_some(e, budget)
+      local piece = math.min(chunk, #e.req.prompt - e.fed)
+      if piece > budget then break end
+      budget = budget - self:prefill_some(e, piece)
     end
   end
 end
