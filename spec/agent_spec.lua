@@ -8,6 +8,7 @@ local kvlua = require "kvlua"
 local agent = require "kvlua.agent"
 local json = require "kvlua.json"
 local tiny = require "spec.support.tiny_models"
+local script = require("spec.support.samplers").script
 local models = require "spec.support.models"
 local S = require "spec.support.scripts"
 
@@ -24,14 +25,7 @@ local function spell(...)
       for i = 1, #part do ids[#ids + 1] = tiny.id(part:byte(i)) end
     end
   end
-  local i = 0
-  return {
-    sample = function()
-      i = i + 1
-      if ids[i] == nil then return nil, "script ended" end
-      return ids[i]
-    end,
-  }
+  return script(ids)
 end
 
 -- A sampler whose replies are the given texts, each ended by EOS.

@@ -4,14 +4,7 @@
 local json = require "kvlua.json"
 local jsonl = require "kvlua.jsonl"
 local progress = require "kvlua.progress"
-
-local function tmpfile(text)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
-end
+local files = require "spec.support.files"
 
 describe("json.encode", function()
   it("writes objects with sorted keys, arrays, and scalars", function()
@@ -144,7 +137,7 @@ end)
 
 describe("jsonl.open", function()
   it("yields each object with its line number; bad lines come with a message and the rest go on", function()
-    local path = tmpfile('{"id": 1}\n\nnot json\n[1]\n{"id": 5}\n')
+    local path = files.write_temp('{"id": 1}\n\nnot json\n[1]\n{"id": 5}\n')
     local seen = {}
     local r = assert(jsonl.open(path, { on_error = function(line, msg) seen[#seen + 1] = line .. ":" .. msg end }))
     local items = {}
@@ -158,7 +151,7 @@ describe("jsonl.open", function()
   end)
 
   it("reads only its shard's lines", function()
-    local path = tmpfile('{"k":1}\n{"k":2}\n{"k":3}\n{"k":4}\n{"k":5}\n')
+    local path = files.write_temp('{"k":1}\n{"k":2}\n{"k":3}\n{"k":4}\n{"k":5}\n')
     local got = {}
     for i = 0, 1 do
       local r = assert(jsonl.open(path, { shard = { index = i, count = 2 } }))

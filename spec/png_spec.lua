@@ -4,28 +4,16 @@
 -- patterns written out here.
 local png = require "kvlua.png"
 local plot = require "kvlua.plot"
+local files = require "spec.support.files"
+local read = files.read
 
 local function python_available()
   return os.execute("python3 -c 'import zlib' >/dev/null 2>&1") == true
 end
 
-local function write(path, bytes)
-  local f = assert(io.open(path, "wb"))
-  f:write(bytes)
-  f:close()
-end
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
 -- Decompresses a zlib stream with Python's zlib; returns the bytes.
 local function python_inflate(stream)
-  local src, dst = os.tmpname(), os.tmpname()
-  write(src, stream)
+  local src, dst = files.write_temp(stream), os.tmpname()
   local ok = os.execute(string.format(
     "python3 -c 'import sys,zlib; open(sys.argv[2],\"wb\").write(zlib.decompress(open(sys.argv[1],\"rb\").read()))' %s %s",
     src, dst))
@@ -58,9 +46,7 @@ open(sys.argv[2], "wb").write(b"".join(r[1:] for r in rows))
 print(w, h, depth, ctype, len(plte) // 3)
 ]]
 local function python_read_png(bytes)
-  local src, dst, prog = os.tmpname(), os.tmpname(), os.tmpname()
-  write(src, bytes)
-  write(prog, DECODER)
+  local src, dst, prog = files.write_temp(bytes), os.tmpname(), files.write_temp(DECODER)
   local p = io.popen(string.format("python3 %s %s %s 2>&1", prog, src, dst))
   local header = p:read("a")
   local ok = p:close()

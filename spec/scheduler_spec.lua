@@ -6,21 +6,11 @@
 local kvlua = require "kvlua"
 local scheduler = require "kvlua.scheduler"
 local tiny = require "spec.support.tiny_models"
+local script = require("spec.support.samplers").script
 
 local W = { Hello = tiny.id("▁Hello"), world = tiny.id("▁world"), bang = tiny.id("!"),
   ST = tiny.id("ST"), OP = tiny.id("OP") }
 local EOS = 2
-
-local function script(ids)
-  local i = 0
-  return {
-    sample = function()
-      i = i + 1
-      if ids[i] == nil then return nil, "script ended" end
-      return ids[i]
-    end,
-  }
-end
 
 local model
 setup(function()

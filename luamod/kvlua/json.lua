@@ -218,38 +218,42 @@ end
 
 local read_value
 
-local function read_array(s, pos, depth)
-  local t = M.array {}
+-- Reads the ','-separated items of an array or object up to `close`;
+-- item(pos) reads one item and returns the position after it.
+local function read_items(s, pos, close, item)
   pos = skip_ws(s, pos + 1)
-  if s:sub(pos, pos) == "]" then return t, pos + 1 end
+  if s:sub(pos, pos) == close then return pos + 1 end
   while true do
-    t[#t + 1], pos = read_value(s, pos, depth + 1)
-    pos = skip_ws(s, pos)
+    pos = skip_ws(s, item(pos))
     local c = s:sub(pos, pos)
-    if c == "]" then return t, pos + 1 end
-    if c ~= "," then fail("',' or ']' expected", pos) end
+    if c == close then return pos + 1 end
+    if c ~= "," then fail("',' or '" .. close .. "' expected", pos) end
     pos = pos + 1
   end
 end
 
+local function read_array(s, pos, depth)
+  local t = M.array {}
+  local after = read_items(s, pos, "]", function(p)
+    t[#t + 1], p = read_value(s, p, depth + 1)
+    return p
+  end)
+  return t, after
+end
+
 local function read_object(s, pos, depth)
   local t = {}
-  pos = skip_ws(s, pos + 1)
-  if s:sub(pos, pos) == "}" then return t, pos + 1 end
-  while true do
-    pos = skip_ws(s, pos)
-    if s:sub(pos, pos) ~= '"' then fail("a string key expected", pos) end
+  local after = read_items(s, pos, "}", function(p)
+    p = skip_ws(s, p)
+    if s:sub(p, p) ~= '"' then fail("a string key expected", p) end
     local k
-    k, pos = read_string(s, pos)
-    pos = skip_ws(s, pos)
-    if s:sub(pos, pos) ~= ":" then fail("':' expected", pos) end
-    t[k], pos = read_value(s, pos + 1, depth + 1)
-    pos = skip_ws(s, pos)
-    local c = s:sub(pos, pos)
-    if c == "}" then return t, pos + 1 end
-    if c ~= "," then fail("',' or '}' expected", pos) end
-    pos = pos + 1
-  end
+    k, p = read_string(s, p)
+    p = skip_ws(s, p)
+    if s:sub(p, p) ~= ":" then fail("':' expected", p) end
+    t[k], p = read_value(s, p + 1, depth + 1)
+    return p
+  end)
+  return t, after
 end
 
 local LITERALS = { ["true"] = true, ["false"] = false }
@@ -271,14 +275,20 @@ function read_value(s, pos, depth)
   fail("unexpected character '" .. c .. "'", pos)
 end
 
+-- read_value under pcall: value, next_pos | nil, message; an error that
+-- is not a JSON one (a bug) is raised again
+local function protected_read(s, pos)
+  local ok, v, after = pcall(read_value, s, pos, 0)
+  if ok then return v, after end
+  if type(v) == "table" then return nil, v.msg end
+  error(v, 0)
+end
+
 --- json.decode(text) -> value | nil, "message at byte N"
 function M.decode(s)
   if type(s) ~= "string" then error("json.decode: string expected, got " .. type(s), 2) end
-  local ok, v, pos = pcall(read_value, s, 1, 0)
-  if not ok then
-    if type(v) == "table" then return nil, v.msg end
-    error(v, 0)
-  end
+  local v, pos = protected_read(s, 1)
+  if v == nil then return nil, pos end
   pos = skip_ws(s, pos)
   if pos <= #s then return nil, "trailing text at byte " .. pos end
   return v
@@ -289,12 +299,7 @@ end
 --- for a value embedded in other text, like a tool call's arguments.
 function M.decode_prefix(s, pos)
   if type(s) ~= "string" then error("json.decode_prefix: string expected, got " .. type(s), 2) end
-  local ok, v, after = pcall(read_value, s, pos or 1, 0)
-  if not ok then
-    if type(v) == "table" then return nil, v.msg end
-    error(v, 0)
-  end
-  return v, after
+  return protected_read(s, pos or 1)
 end
 
 return M
