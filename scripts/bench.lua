@@ -7,16 +7,24 @@
 -- tokens, inter-token latency percentiles, peak RSS and KV-cache bytes.
 -- Figures are medians over --reps repetitions. Compare against llama.cpp
 -- with scripts/bench-compare.sh (side by side, interleaved).
+--
+-- --kv f16,q8_0 measures each K/V storage type in its own session, the
+-- types taking turns inside every repetition (so they share the machine's
+-- state); --json then prints {"by_kv": {"f16": {...}, "q8_0": {...}}}.
+-- --plot FILE draws decode tok/s against depth and prefill tok/s against
+-- prompt length, one line per storage type, into a PNG.
 local usage = [[
 usage: lua5.4 scripts/bench.lua [--model PATH] [--threads N] [--reps N]
                                 [--decode N] [--prefill 128,512] [--depth 16,512,1792]
-                                [--kv f16|q8_0|f32] [--json]
+                                [--kv f16|q8_0|f32|f16,q8_0] [--plot FILE] [--json]
 ]]
 local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
 local o = common.parse(arg, {
   model = "", threads = 0, reps = 3, decode = 64, prefill = "128,512", depth = "16,512,1792", json = false,
-  kv = "f16",
+  kv = "f16", plot = "",
 }, usage)
+
+local json = require "kvlua.json"
 
 local function list(s)
   local t = {}
@@ -24,14 +32,18 @@ local function list(s)
   return t
 end
 
+local kv_types = {}
+for t in o.kv:gmatch("[^,%s]+") do kv_types[#kv_types + 1] = t end
+if #kv_types == 0 then common.die("option --kv needs a type (f16, q8_0, f32)") end
+
 -- Lua has no wall clock finer than a second: timings come from the
 -- session's stats, taken with a monotonic clock around each forward pass.
 
 local model = common.load(common.model_path(o.model), o.threads)
 local n_vocab = model.info.n_vocab
+local depths, prefills = list(o.depth), list(o.prefill)
 local max_depth = 0
-for _, d in ipairs(list(o.depth)) do max_depth = math.max(max_depth, d) end
-local prefills = list(o.prefill)
+for _, d in ipairs(depths) do max_depth = math.max(max_depth, d) end
 for _, p in ipairs(prefills) do max_depth = math.max(max_depth, p) end
 local ctx = max_depth + math.tointeger(o.decode) + 16
 
@@ -47,72 +59,69 @@ local function ids(n, seed)
   return t
 end
 
-local function median(t)
-  local c = {}
-  for i, v in ipairs(t) do c[i] = v end
-  table.sort(c)
-  if #c == 0 then return nil end
-  return #c % 2 == 1 and c[(#c + 1) // 2] or (c[#c // 2] + c[#c // 2 + 1]) / 2
+-- ==== one repetition on one session ===========================================
+
+local function push(t, k, v)
+  t[k] = t[k] or {}
+  table.insert(t[k], v)
 end
 
-local function pct(t, p)
-  local c = {}
-  for i, v in ipairs(t) do c[i] = v end
-  table.sort(c)
-  if #c == 0 then return nil end
-  return c[math.max(1, math.ceil(p / 100 * #c))]
-end
-
-local result = {
-  model = model.info.name, arch = model.info.arch, file_type = model.info.file_type,
-  threads = model.info.threads, n_params = model.info.n_params, reps = o.reps,
-  prefill = {}, decode = {}, ttft_ms = {},
-}
-
-local s = assert(model:session { ctx = ctx, ktype = o.kv, vtype = o.kv })
-result.kv_bytes = model:kv_bytes { ctx = ctx, ktype = o.kv, vtype = o.kv }
--- warm-up (page in the weights)
-s:prefill(ids(32, 7))
-s:rewind(s.pos)
-
-local itl_all = {}
-for rep = 1, o.reps do
-  -- new ids every repetition: the session's cache would reuse the pages of
-  -- ids it has seen (prefix reuse), and this measures cold prefill
+-- New ids every repetition: the session's cache would reuse the pages of ids
+-- it has seen (prefix reuse), and this measures cold prefill.
+local function measure(s, m, rep)
   for _, p in ipairs(prefills) do
     s:rewind(s.pos)
     local t0 = s:stats().prefill_seconds
     assert(s:prefill(ids(p, p + 7919 * rep)))
     local dt = s:stats().prefill_seconds - t0
-    result.prefill[p] = result.prefill[p] or {}
-    table.insert(result.prefill[p], p / dt)
-    result.ttft_ms[p] = result.ttft_ms[p] or {}
-    table.insert(result.ttft_ms[p], dt * 1e3)
+    push(m.prefill, p, p / dt)
+    push(m.ttft_ms, p, dt * 1e3)
   end
-  for _, d in ipairs(list(o.depth)) do
+  for _, d in ipairs(depths) do
     s:rewind(s.pos)
-    local logits = assert(s:prefill(ids(d, d + 1)))
+    assert(s:prefill(ids(d, d + 1)))
     local before = #s:stats().itl
     local toks = ids(math.tointeger(o.decode), d + 2)
-    for i = 1, #toks do logits = assert(s:decode(toks[i])) end
+    for i = 1, #toks do assert(s:decode(toks[i])) end
     local itl = s:stats().itl
     local sum = 0
     for i = before + 1, #itl do
       sum = sum + itl[i]
-      if d == list(o.depth)[1] then itl_all[#itl_all + 1] = itl[i] end
+      if d == depths[1] then m.itl[#m.itl + 1] = itl[i] end
     end
-    result.decode[d] = result.decode[d] or {}
-    table.insert(result.decode[d], (#itl - before) / sum)
+    push(m.decode, d, (#itl - before) / sum)
   end
 end
 
-local out = { model = result.model, arch = result.arch, threads = result.threads,
-  kv_bytes = result.kv_bytes, kv_type = o.kv, ctx = ctx, peak_rss = common.peak_rss(),
-  itl_ms = { p50 = pct(itl_all, 50) * 1e3, p90 = pct(itl_all, 90) * 1e3, p99 = pct(itl_all, 99) * 1e3 } }
-out.prefill_tps, out.decode_tps, out.ttft_ms = {}, {}, {}
-for k, v in pairs(result.prefill) do out.prefill_tps[tostring(k)] = median(v) end
-for k, v in pairs(result.ttft_ms) do out.ttft_ms[tostring(k)] = median(v) end
-for k, v in pairs(result.decode) do out.decode_tps[tostring(k)] = median(v) end
+local runs = {}
+for i, kv in ipairs(kv_types) do
+  local s, err = model:session { ctx = ctx, ktype = kv, vtype = kv }
+  if not s then common.die(err) end
+  runs[i] = { kv = kv, s = s, prefill = {}, decode = {}, ttft_ms = {}, itl = {},
+    kv_bytes = model:kv_bytes { ctx = ctx, ktype = kv, vtype = kv } }
+  -- warm-up (page in the weights)
+  s:prefill(ids(32, 7))
+  s:rewind(s.pos)
+end
+for rep = 1, o.reps do
+  for _, m in ipairs(runs) do measure(m.s, m, rep) end
+end
+
+-- ==== report ===================================================================
+
+local function medians(t)
+  local out = {}
+  for k, v in pairs(t) do out[tostring(k)] = common.median(v) end
+  return out
+end
+
+local function summary(m)
+  return { model = model.info.name, arch = model.info.arch, threads = model.info.threads,
+    kv_bytes = m.kv_bytes, kv_type = m.kv, ctx = ctx, peak_rss = common.peak_rss(),
+    itl_ms = { p50 = common.percentile(m.itl, 50) * 1e3, p90 = common.percentile(m.itl, 90) * 1e3,
+      p99 = common.percentile(m.itl, 99) * 1e3 },
+    prefill_tps = medians(m.prefill), ttft_ms = medians(m.ttft_ms), decode_tps = medians(m.decode) }
+end
 
 local function keys(t)
   local k = {}
@@ -121,27 +130,9 @@ local function keys(t)
   return k
 end
 
-if o.json then
-  local function enc(v)
-    if type(v) == "table" then
-      local parts = {}
-      local ks = {}
-      for k in pairs(v) do ks[#ks + 1] = k end
-      table.sort(ks, function(a, b) return tostring(a) < tostring(b) end)
-      for _, k in ipairs(ks) do parts[#parts + 1] = string.format("%q:%s", tostring(k), enc(v[k])) end
-      return "{" .. table.concat(parts, ",") .. "}"
-    elseif type(v) == "string" then
-      return string.format("%q", v)
-    elseif v == nil then
-      return "null"
-    else
-      return string.format("%.6g", v)
-    end
-  end
-  print(enc(out))
-else
+local function print_table(out)
   print(string.format("model %s (%s), %d threads, KV %.1f MiB (%s) at ctx %d, peak RSS %.1f MiB",
-    out.model, out.arch, out.threads, out.kv_bytes / 2 ^ 20, o.kv, ctx, (out.peak_rss or 0) / 2 ^ 20))
+    out.model, out.arch, out.threads, out.kv_bytes / 2 ^ 20, out.kv_type, ctx, (out.peak_rss or 0) / 2 ^ 20))
   for _, k in ipairs(keys(out.prefill_tps)) do
     print(string.format("prefill %5s tokens: %8.1f tok/s  (TTFT %.1f ms)", k, out.prefill_tps[k], out.ttft_ms[k]))
   end
@@ -149,4 +140,48 @@ else
     print(string.format("decode at depth %5s: %8.1f tok/s", k, out.decode_tps[k]))
   end
   print(string.format("ITL p50 %.2f ms, p90 %.2f ms, p99 %.2f ms", out.itl_ms.p50, out.itl_ms.p90, out.itl_ms.p99))
+end
+
+local PLOT_COLORS = { "blue", "orange", "green", "purple", "red", "brown" }
+
+local function plot(path, outs)
+  local p = require "kvlua.plot"
+  local fig = p.figure { width = 1100, height = 460, cols = 2, title = "Speed against context depth",
+    subtitle = string.format("%s, %d threads, median of %d runs (scripts/bench.lua)", model.info.name,
+      model.info.threads, o.reps) }
+  local dec = fig:panel { title = "Decode", xlabel = "depth (tokens already in the cache)", ylabel = "tokens/s" }
+  local pre = fig:panel { title = "Prefill", xlabel = "prompt length (tokens)", ylabel = "tokens/s" }
+  for i, out in ipairs(outs) do
+    local color = PLOT_COLORS[(i - 1) % #PLOT_COLORS + 1]
+    local function points(t)
+      local pts = {}
+      for _, k in ipairs(keys(t)) do pts[#pts + 1] = { tonumber(k), t[k] } end
+      return pts
+    end
+    local label = "K/V " .. out.kv_type
+    dec:line { points = points(out.decode_tps), color = color, label = label, marker = true }
+    pre:line { points = points(out.prefill_tps), color = color, label = label, marker = true }
+  end
+  local ok, err = fig:save(path)
+  if not ok then common.die("cannot write the plot: " .. err) end
+end
+
+local outs = {}
+for i, m in ipairs(runs) do outs[i] = summary(m) end
+if o.plot ~= "" then plot(o.plot, outs) end
+
+if o.json then
+  if #outs == 1 then
+    print(json.encode(outs[1]))
+  else
+    local by = {}
+    for _, out in ipairs(outs) do by[out.kv_type] = out end
+    print(json.encode { by_kv = by })
+  end
+else
+  for i, out in ipairs(outs) do
+    if i > 1 then print("") end
+    print_table(out)
+  end
+  if o.plot ~= "" then print("plot written to " .. o.plot) end
 end

@@ -82,6 +82,32 @@ function M.load(path, threads)
   return model
 end
 
+-- The p-th percentile (nearest rank) of the numbers in t, or nil if empty.
+function M.percentile(t, p)
+  local c = table.move(t, 1, #t, 1, {})
+  table.sort(c)
+  if #c == 0 then return nil end
+  return c[math.max(1, math.ceil(p / 100 * #c))]
+end
+
+-- The median of the numbers in t (the mean of the middle two for an even
+-- count), or nil if empty.
+function M.median(t)
+  local c = table.move(t, 1, #t, 1, {})
+  table.sort(c)
+  if #c == 0 then return nil end
+  return #c % 2 == 1 and c[(#c + 1) // 2] or (c[#c // 2] + c[#c // 2 + 1]) / 2
+end
+
+-- An input file that must exist: its path, or exit with a message.
+function M.input_file(path, what)
+  if not path or path == "" then die("missing " .. (what or "--file PATH")) end
+  local f, err = io.open(path, "rb")
+  if not f then die("cannot read " .. err) end
+  f:close()
+  return path
+end
+
 -- Peak resident set size of this process in bytes (Linux), or nil.
 function M.peak_rss()
   local f = io.open("/proc/self/status")

@@ -19,19 +19,7 @@ local models = require "spec.support.models"
 -- ==== helpers ================================================================
 
 -- A sampler that returns the ids of a script, one per call (then nil, err).
-local function script(ids)
-  local i = 0
-  return {
-    accepted = {},
-    sample = function(_, logits)
-      assert(logits.n > 0)
-      i = i + 1
-      if ids[i] == nil then return nil, "script ended" end
-      return ids[i]
-    end,
-    accept = function(self, id) self.accepted[#self.accepted + 1] = id end,
-  }
-end
+local script = require("spec.support.samplers").script
 
 -- Ids that spell a text one byte per token (the tiny vocabulary's byte tokens).
 local function bytes_of(text)

@@ -1,0 +1,411 @@
+-- kvlua.agent — a multi-turn agent: a conversation kept in one session's
+-- KV cache, and tools written as Lua functions that the model calls.
+--
+--   local agent = require "kvlua.agent"
+--   local tools = agent.registry()
+--   tools:add{ name = "add", description = "Adds two numbers.",
+--              parameters = { { name = "a", type = "number" }, { name = "b", type = "number" } },
+--              fn = function(args) return args.a + args.b end,
+--              example = { user = "What is 2 plus 3?", arguments = { a = 2, b = 3 }, answer = "2 plus 3 is 5." } }
+--   local a = agent.new(model, { tools = tools, system = "You are a helpful assistant." })
+--   local reply, info = a:turn("What is 17 plus 25?")
+--   print(reply, info.ttft, info.prefilled, #info.tool_calls)
+--
+-- A turn: the user's message joins the conversation; then, until the
+-- model answers without calling a tool (at most max_tool_calls calls):
+--   1. the conversation is rendered with the chat template (kvlua.chat)
+--      and tokenized; the session keeps the longest common token prefix
+--      with what it holds (rewinding what differs) and prefills only the
+--      rest, so a turn costs its new tokens, not the whole conversation;
+--   2. the model generates a reply; the protocol parses it;
+--   3. a tool call runs the tool (pcall): its result, or "error: ..." when
+--      the arguments are wrong or the tool raises, goes back to the model
+--      as a message and the loop goes on.
+-- info.ttft is the first prefill of the turn in engine seconds (the time
+-- to the first token); info.rounds has one entry per generation.
+--
+-- Tools: name ([%w_]+), description, parameters (an ordered array of
+-- { name =, type = "string"|"number"|"integer"|"boolean", description =,
+-- optional = true }), fn(args) -> result (a string, a number, a boolean
+-- or a table written as JSON), and optionally example = { user =,
+-- arguments =, answer = [, result =] }: one worked exchange the text
+-- protocol shows the model before the conversation.
+--
+-- Protocols (opts.protocol; by default "hermes" when the model's chat
+-- template has a tool-call format, else "text"):
+--
+--   "text" — for any chat template; a small model follows it after a
+--   worked example. The system message lists the tools; the model calls
+--   one by answering with a message that is a JSON object naming the tool
+--   and giving its arguments, and nothing else:
+--       {"tool": "weather", "city": "Paris"}
+--   The result comes back as a user message
+--       RESULT weather: sunny, 22 C
+--   (or "RESULT weather: error: <message>"), and the model answers.
+--   A reply that does not start with '{' is the answer of the turn.
+--
+--   "hermes" — the format of chat templates that write <tool_call> (Qwen
+--   2.5, Hermes): tools as JSON signatures inside <tools></tools> in the
+--   system message, calls as
+--       <tool_call>
+--       {"name": "weather", "arguments": {"city": "Paris"}}
+--       </tool_call>
+--   and results as a user message <tool_response>...</tool_response>, as
+--   those templates render a "tool" message.
+--
+-- Errors: misuse (bad tool definitions, wrong argument types) raises; a
+-- conversation that no longer fits the context, or a failed forward pass,
+-- makes a:turn return nil, message.
+
+local chat = require "kvlua.chat"
+local json = require "kvlua.json"
+
+local M = {}
+
+-- ==== the tool registry ======================================================
+
+local TYPES = { string = true, number = true, integer = true, boolean = true }
+
+local Registry = {}
+Registry.__index = Registry
+
+--- agent.registry() -> an empty tool registry
+function M.registry()
+  return setmetatable({ list = {}, by_name = {} }, Registry)
+end
+
+local function check_tool(t)
+  if type(t) ~= "table" then error("tool: a table expected", 3) end
+  if type(t.name) ~= "string" or not t.name:match("^[%w_]+$") then
+    error("tool: name must be a string of letters, digits and '_'", 3)
+  end
+  if type(t.fn) ~= "function" then error("tool " .. t.name .. ": fn must be a function", 3) end
+  if t.description ~= nil and type(t.description) ~= "string" then
+    error("tool " .. t.name .. ": description must be a string", 3)
+  end
+  for i, p in ipairs(t.parameters or {}) do
+    if type(p) ~= "table" or type(p.name) ~= "string" or not TYPES[p.type] then
+      error(string.format("tool %s: parameter %d needs a name and a type (string, number, integer, boolean)",
+        t.name, i), 3)
+    end
+  end
+end
+
+--- registry:add{ name =, description =, parameters = {...}, fn =, example = } -> registry
+function Registry:add(t)
+  check_tool(t)
+  if self.by_name[t.name] then error("tool " .. t.name .. " is already registered", 2) end
+  local tool = { name = t.name, description = t.description or "", parameters = t.parameters or {}, fn = t.fn,
+    example = t.example }
+  self.list[#self.list + 1] = tool
+  self.by_name[t.name] = tool
+  return self
+end
+
+function Registry:get(name)
+  return self.by_name[name]
+end
+
+-- Arguments checked against the tool's parameters: args | nil, message.
+local function check_args(tool, args)
+  if type(args) ~= "table" or json.is_array(args) then return nil, "arguments must be a JSON object" end
+  local known = {}
+  for _, p in ipairs(tool.parameters) do
+    known[p.name] = true
+    local v = args[p.name]
+    if v == nil or v == json.null then
+      if not p.optional then return nil, "missing argument '" .. p.name .. "'" end
+      args[p.name] = nil
+    else
+      local ok = (p.type == "integer" and math.type(v) == "integer")
+        or (p.type == "number" and type(v) == "number") or (type(v) == p.type)
+      if not ok then return nil, string.format("argument '%s' must be a %s", p.name, p.type) end
+    end
+  end
+  for k in pairs(args) do
+    if not known[k] then return nil, "unknown argument '" .. tostring(k) .. "'" end
+  end
+  return args
+end
+
+-- The text of a tool's result.
+local function result_text(v)
+  if type(v) == "string" then return v end
+  if type(v) == "table" then return json.encode(v) end
+  if v == nil then return "null" end
+  return tostring(v)
+end
+
+--- registry:call(name, arguments) -> ok, text: runs a tool, never raises;
+--- a missing tool, bad arguments or an error raised by the tool give
+--- false, "<message>".
+function Registry:call(name, args)
+  local tool = self.by_name[name]
+  if not tool then return false, "no tool named '" .. tostring(name) .. "'" end
+  local checked, err = check_args(tool, args)
+  if not checked then return false, err end
+  local ok, v = pcall(tool.fn, checked)
+  if not ok then
+    -- the message without the "file:line:" position Lua adds
+    return false, (tostring(v):gsub("^[^:\n]+:%d+: ", ""))
+  end
+  return true, result_text(v)
+end
+
+-- ==== protocols ==============================================================
+-- A protocol: system_prompt(registry) -> text added to the system message;
+-- examples(registry) -> messages shown before the conversation;
+-- parse(reply) -> call {name =, arguments =} | nil (an answer) | nil, err
+-- (a call that cannot be read); result(call, ok, text) -> message;
+-- stop -> stop strings for the generation (keep_stop: the one to put back
+-- at the end of a reply it stopped).
+
+local function signature(tool)
+  local params = {}
+  for _, p in ipairs(tool.parameters) do
+    params[#params + 1] = string.format('"%s": %s%s', p.name, p.type, p.optional and " (optional)" or "")
+  end
+  return string.format("- %s: %s Arguments: {%s}", tool.name, tool.description, table.concat(params, ", "))
+end
+
+local text = { name = "text", stop = { "\nRESULT" } }
+
+-- {"tool": "<name>", "<arg>": value, ...} with "tool" first and the
+-- arguments in the order of the tool's parameters.
+function text.format_call(tool, args)
+  local parts = { '"tool": ' .. json.encode(tool.name) }
+  for _, p in ipairs(tool.parameters) do
+    if args[p.name] ~= nil then parts[#parts + 1] = json.encode(p.name) .. ": " .. json.encode(args[p.name]) end
+  end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+function text.system_prompt(registry)
+  local lines = { "You can use tools. To use one, reply with only a JSON object: \"tool\" is the tool's name,"
+    .. " the other keys are its arguments. The result comes back in a message starting with RESULT;"
+    .. " then answer the user with it.", "", "Tools:" }
+  for _, tool in ipairs(registry.list) do lines[#lines + 1] = signature(tool) end
+  return table.concat(lines, "\n")
+end
+
+function text.result(call, ok, result)
+  return { role = "user", content = "RESULT " .. call.name .. ": " .. (ok and result or ("error: " .. result)) }
+end
+
+function text.parse(reply)
+  local body = reply:match("^%s*(.-)%s*$")
+  if body:sub(1, 1) ~= "{" then return nil end
+  local v, after = json.decode_prefix(body, 1)
+  if v == nil then return nil, "the tool call is not a JSON object: " .. after end
+  if type(v) ~= "table" or type(v.tool) ~= "string" then
+    return nil, 'the tool call needs a "tool" key naming the tool'
+  end
+  local args = {}
+  for k, val in pairs(v) do
+    if k ~= "tool" then args[k] = val end
+  end
+  return { name = v.tool, arguments = args }
+end
+
+-- The worked examples: each tool's example as a user question, the call,
+-- its result and the answer.
+function text.examples(registry)
+  local msgs = {}
+  for _, tool in ipairs(registry.list) do
+    local ex = tool.example
+    if ex then
+      local result = ex.result
+      if result == nil then
+        local ok, v = registry:call(tool.name, json.decode(json.encode(ex.arguments)))
+        result = ok and v or ("error: " .. v)
+      end
+      msgs[#msgs + 1] = { role = "user", content = ex.user }
+      msgs[#msgs + 1] = { role = "assistant", content = text.format_call(tool, ex.arguments) }
+      msgs[#msgs + 1] = text.result({ name = tool.name }, true, result_text(result))
+      msgs[#msgs + 1] = { role = "assistant", content = ex.answer }
+    end
+  end
+  return msgs
+end
+
+-- keep_stop: the stop string closes a call and belongs to the reply
+local hermes = { name = "hermes", stop = { "</tool_call>" }, keep_stop = "</tool_call>" }
+
+local JSON_TYPES = { string = "string", number = "number", integer = "integer", boolean = "boolean" }
+
+function hermes.system_prompt(registry)
+  local sigs = {}
+  for _, tool in ipairs(registry.list) do
+    local props, required = {}, json.array {}
+    for _, p in ipairs(tool.parameters) do
+      props[p.name] = { type = JSON_TYPES[p.type], description = p.description }
+      if not p.optional then required[#required + 1] = p.name end
+    end
+    sigs[#sigs + 1] = json.encode { type = "function", ["function"] = { name = tool.name,
+      description = tool.description, parameters = { type = "object", properties = props, required = required } } }
+  end
+  return "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    .. "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    .. table.concat(sigs, "\n") .. "\n</tools>\n\n"
+    .. "For each function call, return a json object with function name and arguments within "
+    .. "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    .. '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+end
+
+function hermes.examples() return {} end
+
+function hermes.parse(reply)
+  local at = reply:find("<tool_call>", 1, true)
+  if not at then return nil end
+  local body = reply:sub(at + #"<tool_call>"):gsub("</tool_call>.*$", "")
+  local v, err = json.decode(body)
+  if v == nil then return nil, "the tool call is not a JSON object: " .. err end
+  if type(v) ~= "table" or type(v.name) ~= "string" then return nil, 'the tool call needs a "name"' end
+  local args = v.arguments
+  if args == nil or args == json.null then args = {} end
+  return { name = v.name, arguments = args }
+end
+
+function hermes.result(_, ok, result)
+  return { role = "user", content = "<tool_response>\n" .. (ok and result or ("error: " .. result)) .. "\n</tool_response>" }
+end
+
+M.protocols = { text = text, hermes = hermes }
+
+--- agent.protocol_for(model) -> "hermes" when the model's chat template
+--- writes <tool_call>, else "text"
+function M.protocol_for(model)
+  local template = model.meta and model:meta("tokenizer.chat_template")
+  if type(template) == "string" and template:find("<tool_call>", 1, true) then return "hermes" end
+  return "text"
+end
+
+-- ==== the conversation's cache ===============================================
+
+--- agent.common_prefix(a, b) -> how many leading ids arrays a and b share
+function M.common_prefix(a, b)
+  local n = 0
+  while n < #a and n < #b and a[n + 1] == b[n + 1] do n = n + 1 end
+  return n
+end
+
+local Agent = {}
+Agent.__index = Agent
+
+--- agent.new(model, { tools =, system =, protocol =, template =, sampler =, max_tokens = 256,
+---                    max_tool_calls = 4, ctx = 4096, session =, on_piece =, on_tool = })
+--- -> agent | nil, err. template: a kvlua.chat template name to use instead
+--- of the model's own; session: a session to hold the conversation (else
+--- one of ctx tokens is opened, and closed by a:close()); on_piece(text)
+--- streams the replies; on_tool(call, ok, result) sees each call.
+function M.new(model, opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("agent.new: options must be a table", 2) end
+  local registry = opts.tools or M.registry()
+  local pname = opts.protocol or M.protocol_for(model)
+  local protocol = type(pname) == "table" and pname or M.protocols[pname]
+  if not protocol then error("agent.new: unknown protocol '" .. tostring(pname) .. "'", 2) end
+  local s, owns = opts.session, false
+  if not s then
+    owns = true
+    local err
+    s, err = model:session { ctx = opts.ctx or 4096 }
+    if not s then return nil, err end
+  end
+  local system = opts.system or "You are a helpful assistant."
+  if #registry.list > 0 then system = system .. "\n\n" .. protocol.system_prompt(registry) end
+  local messages = { { role = "system", content = system } }
+  if #registry.list > 0 then
+    for _, m in ipairs(protocol.examples(registry)) do messages[#messages + 1] = m end
+  end
+  return setmetatable({ model = model, session = s, owns_session = owns, template = opts.template or model,
+    tools = registry, protocol = protocol, messages = messages,
+    sampler = opts.sampler, max_tokens = opts.max_tokens or 256, max_tool_calls = opts.max_tool_calls or 4,
+    on_piece = opts.on_piece, on_tool = opts.on_tool, turns = {} }, Agent)
+end
+
+-- Brings the session to the rendered conversation plus the generation
+-- prompt, prefilling only the tokens it lacks. Returns
+-- {conversation =, reused =, prefilled =, seconds =} | nil, err.
+function Agent:sync()
+  local s = self.session
+  local text, err = chat.render(self.template, self.messages, { add_generation_prompt = true })
+  if not text then return nil, "chat template: " .. err end
+  local ids = self.model:tokenize(text, { add_special = true, parse_special = true })
+  if #ids + self.max_tokens > s.ctx then
+    return nil, string.format("the conversation (%d tokens) and a reply (%d) no longer fit the context (%d)",
+      #ids, self.max_tokens, s.ctx)
+  end
+  local have = s:tokens()
+  local keep = M.common_prefix(have, ids)
+  if keep == #ids then keep = keep - 1 end -- run the last token again for fresh logits
+  s:rewind(#have - keep)
+  local before = s:stats().prefill_seconds
+  local ok, perr = s:prefill(table.move(ids, keep + 1, #ids, 1, {}))
+  if not ok then return nil, perr end
+  return { conversation = #ids, reused = keep, prefilled = #ids - keep, seconds = s:stats().prefill_seconds - before }
+end
+
+-- One generation from the synced session: the reply's text | nil, err.
+function Agent:generate()
+  local pieces = {}
+  for piece in self.session:generate { max_tokens = self.max_tokens, sampler = self.sampler,
+                                       stop = self.protocol.stop } do
+    pieces[#pieces + 1] = piece
+    if self.on_piece then self.on_piece(piece) end
+  end
+  local reason = self.session.finish_reason
+  if reason:match("^error") then return nil, reason:gsub("^error: ", "") end
+  local reply = table.concat(pieces)
+  if reason == "stop" and self.protocol.keep_stop then reply = reply .. self.protocol.keep_stop end
+  return reply
+end
+
+--- a:turn(user_text) -> reply, info | nil, err
+--- After max_tool_calls calls the next reply ends the turn, call or not.
+--- info = { ttft =, prefilled =, reused =, conversation =, tool_calls = {{name=, arguments=, ok=, result=}},
+---          rounds = {{prefilled=, reused=, conversation=, seconds=}} }
+function Agent:turn(user)
+  if type(user) ~= "string" then error("agent:turn: the user's message must be a string", 2) end
+  self.messages[#self.messages + 1] = { role = "user", content = user }
+  local info = { tool_calls = {}, rounds = {} }
+  while true do
+    local round, err = self:sync()
+    if not round then return nil, err end
+    info.rounds[#info.rounds + 1] = round
+    if #info.rounds == 1 then
+      info.ttft, info.prefilled, info.reused, info.conversation = round.seconds, round.prefilled, round.reused,
+        round.conversation
+    end
+    local reply
+    reply, err = self:generate()
+    if not reply then return nil, err end
+    self.messages[#self.messages + 1] = { role = "assistant", content = reply }
+    local call, perr = self.protocol.parse(reply)
+    if not call and not perr then
+      self.turns[#self.turns + 1] = info
+      return reply, info
+    end
+    if #info.tool_calls >= self.max_tool_calls then
+      self.turns[#self.turns + 1] = info
+      return reply, info
+    end
+    local ok, result
+    if call then
+      ok, result = self.tools:call(call.name, call.arguments)
+    else
+      call, ok, result = { name = "?" }, false, perr
+    end
+    info.tool_calls[#info.tool_calls + 1] = { name = call.name, arguments = call.arguments, ok = ok, result = result }
+    if self.on_tool then self.on_tool(call, ok, result) end
+    self.messages[#self.messages + 1] = self.protocol.result(call, ok, result)
+  end
+end
+
+--- a:close(): closes the session when the agent opened it
+function Agent:close()
+  if self.session and self.owns_session then self.session:close() end
+  self.session = nil
+end
+
+return M

@@ -1,0 +1,284 @@
+-- kvlua.scheduler — many generations at once: a set of sessions that
+-- decode together, new prompts admitted as others finish, and their
+-- prefill cut into chunks between decode steps.
+--
+--   local scheduler = require "kvlua.scheduler"
+--   local sch = scheduler.new(model, { batch = 8, prefill_chunk = 64 })
+--   sch:run(next_request, function(result) ... end)
+--
+-- next_request() returns the next request, or nil when there are no more:
+--   { prompt = {ids...},          -- required, not empty
+--     max_tokens = 128, sampler = <:sample(logits) [, :accept(id)]> (default greedy),
+--     stop = {"strings"}, ignore_eog = false, ... }   -- other fields are the caller's
+-- A request with an `error` field (a message) is not run: its result
+-- finishes with "error: <message>" in its place in the order.
+-- The sink receives one result per request, in request order whatever
+-- order they finish in:
+--   { request =, index = k (1-based), text =, ids = {generated ids, EOG excluded},
+--     finish_reason = "eog"|"length"|"stop"|"error: ...", prompt_tokens =,
+--     ttft =, itl = {seconds...}, tokens_per_s = (nil under 2 tokens), kv_bytes = }
+--
+-- One step of the loop:
+--   1. admit requests while fewer than `batch` are active (each gets its
+--      own session, sized to its prompt + max_tokens unless opts.ctx);
+--   2. prefill: at most `prefill_chunk` prompt tokens in all (0: every
+--      waiting prompt whole), in pieces cut from each prompt's start,
+--      oldest request first;
+--   3. sample one token for every request whose logits are ready;
+--   4. decode those tokens, all sessions through ONE call of
+--      decode_step(sessions, ids) (scheduler.decode_step, or opts.decode_step).
+-- With chunks, a long prompt no longer stalls the requests that are
+-- decoding: they get a token every step while it is prefilled piece by piece.
+--
+-- Times are engine seconds: the sum of the forward passes the engine timed
+-- with its monotonic clock (s:stats()), which is where a run spends its
+-- time; Lua's own work between passes is not counted. ttft runs from a
+-- request's admission to its first token; tokens_per_s is (tokens - 1)
+-- over the time from the first token to the last. In both, the passes of
+-- the other requests sharing the steps count: that is what a user waits.
+--
+-- Errors: a request that cannot run (no prompt, a prompt longer than the
+-- context, a forward pass that fails) finishes with finish_reason
+-- "error: ..." and the others go on. Misuse (bad options) raises.
+
+local M = {}
+
+-- ==== decoding many sessions =================================================
+
+--- scheduler.decode_step(sessions, ids) -> logits, errors, seconds
+--- Feeds ids[i] to sessions[i]; logits[i] is its Logits, or errors[i] a
+--- message; seconds is the engine time the step took. Today one s:decode
+--- per session; a batched forward pass replaces this loop.
+function M.decode_step(sessions, ids)
+  local logits, errors, seconds = {}, {}, 0
+  for i, s in ipairs(sessions) do
+    local l, err = s:decode(ids[i])
+    if l then
+      logits[i] = l
+      local itl = s:stats().itl
+      seconds = seconds + itl[#itl]
+    else
+      errors[i] = err
+    end
+  end
+  return logits, errors, seconds
+end
+
+-- ==== one request's generation ===============================================
+
+local Scheduler = {}
+Scheduler.__index = Scheduler
+
+local function check_opts(opts)
+  if opts ~= nil and type(opts) ~= "table" then error("scheduler.new: options must be a table", 3) end
+  opts = opts or {}
+  for _, k in ipairs { "batch", "prefill_chunk", "ctx" } do
+    if opts[k] ~= nil and (math.type(opts[k]) ~= "integer" or opts[k] < 0) then
+      error("scheduler.new: " .. k .. " must be a non-negative integer", 3)
+    end
+  end
+  if opts.batch == 0 then error("scheduler.new: batch must be at least 1", 3) end
+  if opts.decode_step ~= nil and type(opts.decode_step) ~= "function" then
+    error("scheduler.new: decode_step must be a function", 3)
+  end
+  return opts
+end
+
+--- scheduler.new(model, {batch = 4, prefill_chunk = 0, ctx = nil, ktype =, vtype =, decode_step =})
+function M.new(model, opts)
+  opts = check_opts(opts)
+  return setmetatable({
+    model = model,
+    batch = opts.batch or 4,
+    prefill_chunk = opts.prefill_chunk or 0,
+    ctx = opts.ctx,
+    ktype = opts.ktype, vtype = opts.vtype,
+    decode_step = opts.decode_step or M.decode_step,
+    clock = 0,          -- engine seconds since the run began
+    steps = 0, prefill_tokens = 0, decode_tokens = 0,
+  }, Scheduler)
+end
+
+-- Engine seconds of the session's prefills so far.
+local function prefill_seconds(s)
+  return s:stats().prefill_seconds
+end
+
+function Scheduler:finish(e, reason)
+  e.done = true
+  e.result.finish_reason = reason
+  if e.session then
+    e.result.kv_bytes = e.session:stats().kv_bytes
+    e.session:close()
+    e.session = nil
+  end
+  local r = e.result
+  local n = #r.ids
+  if n >= 2 and r.t_last > r.t_first then r.tokens_per_s = (n - 1) / (r.t_last - r.t_first) end
+  r.t_first, r.t_last = nil, nil
+end
+
+-- A new entry for request number k; opens its session.
+function Scheduler:admit(req, k)
+  local result = { request = req, index = k, text = "", ids = {}, itl = {}, prompt_tokens = 0 }
+  local e = { req = req, result = result, fed = 0, admitted = self.clock, max_tokens = req.max_tokens or 128,
+    stop = req.stop or {}, sampler = req.sampler }
+  local prompt = req.prompt
+  if req.error then
+    self:finish(e, "error: " .. req.error)
+    return e
+  end
+  if type(prompt) ~= "table" or #prompt == 0 then
+    self:finish(e, "error: the request has no prompt tokens")
+    return e
+  end
+  result.prompt_tokens = #prompt
+  local ctx = self.ctx or (#prompt + e.max_tokens + 1)
+  if #prompt + 1 > ctx then
+    self:finish(e, string.format("error: the prompt (%d tokens) does not fit the context (%d)", #prompt, ctx))
+    return e
+  end
+  local s, err = self.model:session { ctx = ctx, ktype = self.ktype, vtype = self.vtype }
+  if not s then
+    self:finish(e, "error: " .. err)
+    return e
+  end
+  e.session = s
+  return e
+end
+
+-- Feeds the next n prompt tokens of e; returns n.
+function Scheduler:prefill_some(e, n)
+  local prompt = e.req.prompt
+  local chunk = table.move(prompt, e.fed + 1, e.fed + n, 1, {})
+  local last = e.fed + n == #prompt
+  local before = prefill_seconds(e.session)
+  local out, err = e.session:prefill(chunk, { logits = last and "last" or "none" })
+  self.clock = self.clock + prefill_seconds(e.session) - before
+  self.prefill_tokens = self.prefill_tokens + n
+  e.fed = e.fed + n
+  if not out then
+    self:finish(e, "error: " .. err)
+  elseif last then
+    e.logits = out
+  end
+  return n
+end
+
+-- Samples e's next token; returns the id to decode, or nil when e finished.
+function Scheduler:sample(e)
+  local r = e.result
+  local id, err
+  if e.sampler then id, err = e.sampler:sample(e.logits) else id = e.logits:argmax() end
+  e.logits = nil
+  if not id then return self:finish(e, "error: " .. tostring(err)) end
+  if e.sampler and e.sampler.accept then e.sampler:accept(id) end
+  if #r.ids == 0 and not r.ttft then
+    r.ttft = self.clock - e.admitted
+    r.t_first = self.clock
+  else
+    r.itl[#r.itl + 1] = self.clock - r.t_last
+  end
+  r.t_last = self.clock
+  if self.model:is_eog(id) and not e.req.ignore_eog then return self:finish(e, "eog") end
+  r.ids[#r.ids + 1] = id
+  r.text = r.text .. self.model:piece(id, false)
+  for _, stop in ipairs(e.stop) do
+    local at = r.text:find(stop, 1, true)
+    if at then
+      r.text = r.text:sub(1, at - 1)
+      return self:finish(e, "stop")
+    end
+  end
+  if #r.ids >= e.max_tokens then return self:finish(e, "length") end
+  return id
+end
+
+-- ==== the loop ===============================================================
+
+-- 1. admission: fills free slots from the request source.
+function Scheduler:fill(active, next_request)
+  while #active < self.batch and not self.exhausted do
+    local req = next_request()
+    if req == nil then
+      self.exhausted = true
+    else
+      self.admitted = self.admitted + 1
+      active[#active + 1] = self:admit(req, self.admitted)
+    end
+  end
+end
+
+-- 2. prefill, oldest request first. A prompt is cut into pieces of
+-- prefill_chunk tokens counted from its own start, whatever else is
+-- waiting, so how a prompt is cut never depends on its neighbours: on a
+-- quantized model, the logits of a prompt prefilled in different pieces
+-- differ by rounding noise that can change a greedy choice. A step runs
+-- pieces while they fit in its budget of prefill_chunk tokens (its first
+-- piece always does).
+function Scheduler:prefill_step(active)
+  local chunk = self.prefill_chunk > 0 and self.prefill_chunk or math.huge
+  local budget = chunk
+  for _, e in ipairs(active) do
+    if not e.done and e.fed < #e.req.prompt then
+      local piece = math.min(chunk, #e.req.prompt - e.fed)
+      if piece > budget then break end
+      budget = budget - self:prefill_some(e, piece)
+    end
+  end
+end
+
+-- 3 and 4. sample where logits are ready, then one decode step for all.
+function Scheduler:decode_all(active)
+  local entries, sessions, ids = {}, {}, {}
+  for _, e in ipairs(active) do
+    if not e.done and e.logits then
+      local id = self:sample(e)
+      if id then
+        entries[#entries + 1], sessions[#sessions + 1], ids[#ids + 1] = e, e.session, id
+      end
+    end
+  end
+  if #sessions == 0 then return end
+  local logits, errors, seconds = self.decode_step(sessions, ids)
+  self.clock = self.clock + seconds
+  self.decode_tokens = self.decode_tokens + #sessions
+  for i, e in ipairs(entries) do
+    if logits[i] then e.logits = logits[i] else self:finish(e, "error: " .. tostring(errors[i])) end
+  end
+end
+
+-- Hands finished results to the sink in request order; returns the
+-- still-active entries.
+function Scheduler:retire(active, sink)
+  local still = {}
+  for _, e in ipairs(active) do
+    if e.done then self.finished[e.result.index] = e.result else still[#still + 1] = e end
+  end
+  while self.finished[self.delivered + 1] do
+    self.delivered = self.delivered + 1
+    local r = self.finished[self.delivered]
+    self.finished[self.delivered] = nil
+    sink(r)
+  end
+  return still
+end
+
+--- sch:run(next_request, sink): runs until next_request() returns nil and
+--- every request finished. sink(result) is called in request order.
+function Scheduler:run(next_request, sink)
+  if type(next_request) ~= "function" or type(sink) ~= "function" then
+    error("scheduler:run(next_request, sink): two functions expected", 2)
+  end
+  self.admitted, self.delivered, self.finished, self.exhausted = 0, 0, {}, false
+  local active = {}
+  repeat
+    self:fill(active, next_request)
+    self:prefill_step(active)
+    self:decode_all(active)
+    self.steps = self.steps + 1
+    active = self:retire(active, sink)
+  until #active == 0 and self.exhausted
+end
+
+return M
