@@ -41,16 +41,27 @@
 -- context, a forward pass that fails) finishes with finish_reason
 -- "error: ..." and the others go on. Misuse (bad options) raises.
 
+local kvlua = require "kvlua"
+
 local M = {}
 
 -- ==== decoding many sessions =================================================
 
 --- scheduler.decode_step(sessions, ids) -> logits, errors, seconds
---- Feeds ids[i] to sessions[i]; logits[i] is its Logits, or errors[i] a
---- message; seconds is the engine time the step took. Today one s:decode
---- per session; a batched forward pass replaces this loop.
+--- Feeds ids[i] to sessions[i] in ONE forward pass (kvlua.decode_batch: the
+--- weights are read once per step; each row is the bits a lone s:decode
+--- gives, so results do not depend on the batch). logits[i] is its Logits,
+--- or errors[i] a message; seconds is the engine time the step took. When
+--- the batch as a whole fails (a session full, say), each session is
+--- decoded on its own so only the failing ones get an error.
 function M.decode_step(sessions, ids)
   local logits, errors, seconds = {}, {}, 0
+  if #sessions == 0 then return logits, errors, 0 end
+  local out = kvlua.decode_batch(sessions, ids)
+  if out then
+    local itl = sessions[1]:stats().itl
+    return out, errors, itl[#itl]
+  end
   for i, s in ipairs(sessions) do
     local l, err = s:decode(ids[i])
     if l then
