@@ -30,6 +30,7 @@
  */
 #include "quant_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "types.h"
@@ -673,9 +674,9 @@ KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, __m256i sc,
         for (int t = 0; t < NT; t++) {
             __m256i y0 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j));
             __m256i y1 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j + 32));
-#if KV_VNNI
+#if KV_VNNI /* two chains of sums (exact, so in any order) */
             isum[t] = _mm256_dpwssd_epi32(isum[t], _mm256_maddubs_epi16(lo, y0), s0);
-            isum[t] = _mm256_dpwssd_epi32(isum[t], _mm256_maddubs_epi16(hi, y1), s1);
+            isum[NT + t] = _mm256_dpwssd_epi32(isum[NT + t], _mm256_maddubs_epi16(hi, y1), s1);
 #else
             __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s0);
             __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s1);
@@ -704,18 +705,19 @@ KV_INL void tile_k45(int Q5, int NT, int64_t nb, const uint8_t *W, const uint8_t
         __m256i sc;
         __m128i mins = k4_scales(scales, &sc);
         const kv_block_q8_k *xb[4];
-        __m256i isum[4];
+        __m256i isum[8];
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             xb[t] = (const kv_block_q8_k *)(X + t * xs) + b;
-            isum[t] = _mm256_setzero_si256();
+            isum[t] = isum[NT + t] = _mm256_setzero_si256();
         }
         k45_block(NT, qs, qh, sc, xb, isum);
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             float dx = xb[t]->d;
+            if (KV_VNNI) isum[t] = _mm256_add_epi32(isum[t], isum[NT + t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * dx), acc[t]);
-            macc[t] += dmin * dx * (float)k_minsum(mins, xb[t]->bsums);
+            macc[t] = fmaf(dmin * dx, (float)k_minsum(mins, xb[t]->bsums), macc[t]);
         }
     }
 #pragma GCC unroll 4
@@ -732,7 +734,7 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
     for (int64_t b = 0; b < nb; b++) {
         const kv_block_q6_k *w = (const kv_block_q6_k *)W + b;
         const kv_block_q8_k *xb[4];
-        __m256i isum[4];
+        __m256i isum[8];
         __m128i sc8 = _mm_loadu_si128((const __m128i *)w->scales);
         __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* 16 scales as int16 */
 #pragma GCC unroll 4
@@ -742,6 +744,7 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
             __m256i bs = _mm256_loadu_si256((const __m256i *)xb[t]->bsums);
             isum[t] = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
             isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), isum[t]);
+            isum[NT + t] = _mm256_setzero_si256();
         }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
@@ -772,8 +775,9 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     __m256i yy = _mm256_loadu_si256((const __m256i *)(yq + 32 * k));
-#if KV_VNNI
-                    isum[t] = _mm256_dpwssd_epi32(isum[t], _mm256_maddubs_epi16(q[k], yy), sc[k]);
+#if KV_VNNI /* two chains of sums (exact, so in any order) */
+                    int c = (k & 1) * NT + t;
+                    isum[c] = _mm256_dpwssd_epi32(isum[c], _mm256_maddubs_epi16(q[k], yy), sc[k]);
 #else
                     __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], yy), sc[k]);
                     isum[t] = _mm256_add_epi32(isum[t], p);
@@ -783,8 +787,10 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
         }
         float d = h2f(w->d);
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++)
+        for (int t = 0; t < NT; t++) {
+            isum[t] = _mm256_add_epi32(isum[t], isum[NT + t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * xb[t]->d), acc[t]);
+        }
     }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++) y[t * ldy] = hsum_ps(acc[t]);
