@@ -831,16 +831,23 @@ int kv_quantize_row(int type, const float *src, void *dst, int64_t n) {
  *
  * 1. x (T, K) is quantized once to the dot type (threads split the tokens
  *    when T is large), with a float side table of block scales and sums,
- *    and, for weight types with a tile8 kernel and T >= 8, an 8-token
- *    interleaved copy (see quant_impl.h).
+ *    and, for weight types with a tile8 kernel, an 8-token interleaved
+ *    copy (see quant_impl.h).
  * 2. Output rows are cut into chunks (about 4 per thread, at most ~256 KiB
  *    of weights when T > 1 so a chunk stays in L2 while all tokens pass over
  *    it), handed out through an atomic counter.
  * 3. Each chunk runs the tile kernels: 8/16-token tiles over the whole
  *    chunk, then tile_rows x tile_toks tiles for the remaining tokens.
+ * Every kernel gives a (row, token) the same sequence of float operations,
+ * so y does not depend on T, on a token's place in the batch or on the
+ * thread count (batch invariance; tests/test_quant.c checks it).
  * ========================================================================= */
 
 #define SCRATCH_ALIGN 64
+/* The fewest tokens of a last, partial 8-token group worth a padded tile8
+ * pass; fewer go one by one through the decode kernel. Either way a token
+ * gets the same bits (the kernels share the order of the sums). */
+#define TILE8_MIN_TAIL 3
 
 /* Scratch (each part 64-byte aligned):
  *   X    (T, row size)              activations quantized to the dot type
@@ -854,13 +861,14 @@ static size_t side_floats(int vt, int64_t K, int64_t T) {
     return (size_t)((T + 3) / 4) * (size_t)(K / 32) * 8;
 }
 
+/* groups of 8 tokens, the last one padded */
 static size_t inter_bytes(int vt, int64_t K, int64_t T) {
     if (vt != KV_TYPE_Q8_0 && vt != KV_TYPE_Q8_1) return 0;
-    return (size_t)(T / 8) * (size_t)(K / 32) * 256;
+    return (size_t)((T + 7) / 8) * (size_t)(K / 32) * 256;
 }
 
 static size_t inter_floats(int vt, int64_t K, int64_t T) {
-    return inter_bytes(vt, K, T) / 256 * 16;
+    return inter_bytes(vt, K, T) / 256 * KV_X8F;
 }
 
 size_t kv_matmul_scratch_size(int wtype, int64_t K, int64_t T) {
@@ -882,26 +890,36 @@ typedef struct {
     float *xf;  /* side table or NULL */
     uint8_t *xi; /* 8-token interleaved quants or NULL */
     float *xs8;  /* their scales and sums */
+    int64_t t8;  /* tokens [0, t8) go through the tile8 kernel */
     float *y;
     int vt, wtype;
     int64_t chunk, nchunks;
     atomic_long next;
 } mm_job;
 
-/* Token group G of 8 (all quantized) -> the interleaved layout. */
+/* Token group G of 8 (all quantized) -> the interleaved layout; tokens
+ * past T are zeros. */
 static void mm_interleave(mm_job *j, int64_t G) {
     int64_t nb = j->K / 32;
     size_t bs = j->vt == KV_TYPE_Q8_0 ? sizeof(kv_block_q8_0) : sizeof(kv_block_q8_1);
     size_t qoff = j->vt == KV_TYPE_Q8_0 ? offsetof(kv_block_q8_0, qs) : offsetof(kv_block_q8_1, qs);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *dst = j->xi + (G * nb + b) * 256;
-        float *f = j->xs8 + (G * nb + b) * 16;
+        float *f = j->xs8 + (G * nb + b) * KV_X8F;
         for (int t = 0; t < 8; t++) {
             int64_t tok = G * 8 + t;
-            const uint8_t *q = j->X + tok * j->xs + b * bs + qoff;
-            for (int g = 0; g < 8; g++) memcpy(dst + 32 * g + 4 * t, q + 4 * g, 4);
-            f[t] = j->xf[KV_XF(tok, b, nb)];
-            f[8 + t] = j->xf[KV_XF(tok, b, nb) + 4];
+            int32_t sum = 0;
+            if (tok >= j->T) {
+                for (int g = 0; g < 8; g++) memset(dst + 32 * g + 4 * t, 0, 4);
+                f[t] = f[8 + t] = 0;
+            } else {
+                const int8_t *q = (const int8_t *)(j->X + tok * j->xs + b * bs + qoff);
+                for (int g = 0; g < 8; g++) memcpy(dst + 32 * g + 4 * t, q + 4 * g, 4);
+                for (int i = 0; i < 32; i++) sum += q[i];
+                f[t] = j->xf[KV_XF(tok, b, nb)];
+                f[8 + t] = j->xf[KV_XF(tok, b, nb) + 4];
+            }
+            memcpy(&f[16 + t], &sum, 4);
         }
     }
 }
@@ -933,7 +951,7 @@ static void mm_quant_task(void *arg, int ith, int nth) {
         }
     }
     if (j->xi)
-        for (int64_t G = t0 / 8; G < t1 / 8; G++) mm_interleave(j, G);
+        for (int64_t G = t0 / 8; G * 8 < t1 && G * 8 < j->t8; G++) mm_interleave(j, G);
 }
 
 /* Rows [r0, r1) for all tokens, tiles of tr rows x tt tokens (x 8 tokens
@@ -942,12 +960,9 @@ static void mm_rows(mm_job *j, int64_t r0, int64_t r1) {
     int tr = j->k->tile_rows, tt = j->k->tile_toks;
     int64_t t = 0;
     if (j->xi) {
-        kv_tile8_fn t8 = j->k->tile8[j->wtype];
-        int ng = (int)(j->T / 8);
-        if (ng > 0)
-            t8(j->K, j->W + r0 * j->ws, j->ws, (int)(r1 - r0), j->xi, j->xs8, ng,
-               j->y + r0, j->ldy);
-        t = (int64_t)ng * 8;
+        j->k->tile8[j->wtype](j->K, j->W + r0 * j->ws, j->ws, (int)(r1 - r0), j->xi, j->xs8,
+                              (int)j->t8, j->y + r0, j->ldy);
+        t = j->t8;
     }
     for (; t < j->T; t += tt) {
         int nt = (int)(j->T - t < tt ? j->T - t : tt);
@@ -995,9 +1010,14 @@ void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
         uint8_t *q = j.X + al64(xs * (size_t)T);
         if (side_floats(vt, K, T)) j.xf = (float *)q;
         q += al64(side_floats(vt, K, T) * sizeof(float));
-        if (k->tile8[wtype] && T >= 8 && inter_bytes(vt, K, T)) {
+        /* 8-token tiles for the whole groups, and for a last partial
+         * group (padded) unless a token or two alone are cheaper */
+        j.t8 = T % 8 >= TILE8_MIN_TAIL ? T : T / 8 * 8;
+        if (k->tile8[wtype] && j.t8 > 0 && inter_bytes(vt, K, T)) {
             j.xi = q;
             j.xs8 = (float *)(q + al64(inter_bytes(vt, K, T)));
+        } else {
+            j.t8 = 0;
         }
         if (nth > 1 && T >= 4 * nth)
             kv_pool_run(pool, mm_quant_task, &j);

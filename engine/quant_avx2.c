@@ -6,20 +6,22 @@
  * kv_kernels_avx2() checks the CPU before installing anything.
  *
  * 32-element formats (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0) against Q8_0 / Q8_1:
- *   - decode (1 token): tile32r4, 4 weight rows folded into one vector
- *     ([r0 r1 r2 r3 | r0 r1 r2 r3] int32), so one convert and one FMA serve
- *     4 rows; the next row group is prefetched.
+ *   - decode (1 token): gemv8, 8 weight rows in the 8 float lanes; each
+ *     row's exact int32 block sum is folded into its lane (hadd), so one
+ *     convert and one or two FMAs serve 8 rows; rows further on are
+ *     prefetched.
  *   - prefill, 8 or 16 tokens: tile8 / tile16 on the interleaved layout
  *     (quant_impl.h): 4 weight quants are broadcast and multiplied with 8
  *     tokens' 4 quants at once; lanes are tokens, so no horizontal sums.
- *     (4/5-bit formats; Q8_0 uses tile32x4, 4 tokens folded by hadd.)
- *   The 4/5-bit quants stay unsigned (maddubs takes u8 x s8); their offset
- *   (-8, -16) or min is applied with the activation block sums of the side
- *   table. The integer products use maddubs (u8 x s8 -> s16 pairs) and
- *   madd with ones (-> s32), and one float FMA per block with the product
- *   of the two block scales.
- * K-quants (Q4_K Q5_K Q6_K) against Q8_K: 1 row x 4 tokens (or 1); Q6_K's
- *   -32 and the K4 mins go through the Q8_K bsums.
+ *   Both give every (row, token) the same float steps (see the section),
+ *   so the results are batch invariant. The 4/5-bit quants stay unsigned
+ *   (maddubs takes u8 x s8); their offset (-8, -16) or min is applied with
+ *   the activation block sums of the side table. The integer products use
+ *   maddubs (u8 x s8 -> s16 pairs) and madd with ones (-> s32), or VNNI's
+ *   vpdpbusd.
+ * K-quants (Q4_K Q5_K Q6_K) against Q8_K: 1 row x 4 tokens (or 1), the
+ *   same steps per token either way; Q6_K's -32 and the K4 mins go through
+ *   the Q8_K bsums.
  * Float weights (F32 F16 BF16) against F32: FMA loops.
  *
  * The activation quantizers reproduce the scalar ones byte for byte
@@ -28,6 +30,7 @@
  */
 #include "quant_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "types.h"
@@ -104,7 +107,22 @@ KV_INL __m256i bits32(const uint8_t *qh) {
 }
 
 /* =========================================================================
- * 32-element formats x Q8_0 / Q8_1: one generic tile
+ * 32-element formats x Q8_0 / Q8_1
+ *
+ * The order of the sums is fixed, so that a row of y does not depend on how
+ * many rows and tokens are computed beside it (batch invariance: decode and
+ * prefill give a token the same bits). For each (row, token), blocks b in
+ * order, with I the exact int32 sum of the block's 32 products (the weight
+ * quants as stored: unsigned u for the 4/5-bit formats, signed for Q8_0),
+ * dw / mw the weight block's scale / min, dx the activation block's scale
+ * and sx = dx * sum(qx) (a float product, from the side table):
+ *   Q4_0, Q5_0:  acc = fma(dw, fma(I, dx, -off * sx), acc)    off = 8, 16
+ *   Q4_1, Q5_1:  acc = fma(dw, I * dx, acc);  acc = fma(mw, sx, acc)
+ *   Q8_0:        acc = fma(dw, I * dx, acc)
+ * and y = acc (w32_acc). Integer sums are exact in any order, so the
+ * kernels group the products as suits them; only the float steps above are
+ * shared. Lanes are tokens in the prefill tiles (tile8, tile16) and rows in
+ * the decode kernel (gemv8); a lane never mixes with another.
  * ========================================================================= */
 
 /* Weight block b of a row: the 32 quants as bytes (unsigned 0..15 / 0..31
@@ -144,11 +162,29 @@ KV_INL __m256i w32_load(int WT, const uint8_t *row, int64_t b, float *d, float *
 }
 
 #define W32_SIGNED(WT) ((WT) == KV_TYPE_Q8_0)
+#define W32_MIN(WT) ((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1)
+#define W32_5BIT(WT) ((WT) == KV_TYPE_Q5_0 || (WT) == KV_TYPE_Q5_1)
 #define W32_BS(WT) ((WT) == KV_TYPE_Q4_0 ? 18 : (WT) == KV_TYPE_Q4_1 ? 20 : (WT) == KV_TYPE_Q5_0 ? 22 \
                     : (WT) == KV_TYPE_Q5_1 ? 24 : 34)
+/* byte offsets in a weight block: the high bits (Q5), the quants */
+#define W32_QH(WT) (W32_MIN(WT) ? 4 : 2)
+#define W32_QS(WT) ((W32_MIN(WT) ? 4 : 2) + (W32_5BIT(WT) ? 4 : 0))
 /* activation blocks: Q8_1 (36 bytes, qs at 4) for Q4_1 / Q5_1, else Q8_0 (34, qs at 2) */
-#define X32_BS(WT) (((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1) ? 36 : 34)
-#define X32_QS(WT) (((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1) ? 4 : 2)
+#define X32_BS(WT) (W32_MIN(WT) ? 36 : 34)
+#define X32_QS(WT) (W32_MIN(WT) ? 4 : 2)
+/* The symmetric 4/5-bit formats are stored as unsigned u = q + off. */
+#define W32_OFF(WT) ((WT) == KV_TYPE_Q4_0 ? 8 : (WT) == KV_TYPE_Q5_0 ? 16 : 0)
+
+/* The float step of block b (see the top of this section), lane by lane:
+ * I the exact block sums, dw / mw the weight scales / mins, dx / sx the
+ * activation scales / scaled sums. */
+KV_INL __m256 w32_acc(int WT, __m256 acc, __m256i I, __m256 dw, __m256 mw, __m256 dx, __m256 sx) {
+    __m256 v = _mm256_cvtepi32_ps(I);
+    if (W32_OFF(WT))
+        return _mm256_fmadd_ps(dw, _mm256_fmadd_ps(v, dx, _mm256_mul_ps(sx, _mm256_set1_ps(-W32_OFF(WT)))), acc);
+    acc = _mm256_fmadd_ps(dw, _mm256_mul_ps(v, dx), acc);
+    return W32_MIN(WT) ? _mm256_fmadd_ps(mw, sx, acc) : acc;
+}
 
 /* 8 int32 partial sums of one weight block times one activation block */
 KV_INL __m256i w32_dot(int WT, __m256i wq, __m256i wa, __m256i xq) {
@@ -156,90 +192,145 @@ KV_INL __m256i w32_dot(int WT, __m256i wq, __m256i wa, __m256i xq) {
                           : dp_u8s8(_mm256_setzero_si256(), wq, xq);
 }
 
-/* The 16-bit pair sums of one weight block times one activation block
- * (VNNI: the int32 sums of 4, as w32_dot). */
-KV_INL __m256i w32_pairs(int WT, __m256i wq, __m256i wa, __m256i xq) {
+/* ---- decode: 8 rows in the lanes ------------------------------------------ */
+
+/* 16 bytes at p in the low 128-bit lane, 16 at q in the high one. */
+KV_INL __m256i load2x128(const uint8_t *p, const uint8_t *q) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                   _mm_loadu_si128((const __m128i *)q), 1);
+}
+
+/* 0x10 in the bytes of elements 16h .. 16h + 15 whose fifth bit is set, for
+ * two blocks with high-bit words a (low lane) and c (high lane). */
+KV_INL __m256i hbits_pair(uint32_t a, uint32_t c, int h) {
 #if KV_VNNI
-    return w32_dot(WT, wq, wa, xq);
+    __mmask32 k = h ? (a >> 16) | (c & 0xFFFF0000u) : (a & 0xFFFFu) | (c << 16);
+    return _mm256_maskz_mov_epi8(k, _mm256_set1_epi8(0x10));
 #else
-    return W32_SIGNED(WT) ? _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq))
-                          : _mm256_maddubs_epi16(wq, xq);
+    /* byte j of a lane <- byte 2h + j / 8 of its word */
+    const int64_t b0 = 0x0101010101010101 * (2 * h), b1 = 0x0101010101010101 * (2 * h + 1);
+    __m256i v = _mm256_set_m128i(_mm_set1_epi32((int)c), _mm_set1_epi32((int)a));
+    v = _mm256_shuffle_epi8(v, _mm256_setr_epi64x(b0, b1, b0, b1));
+    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)); /* all ones iff the bit is set */
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
 #endif
 }
 
-/* Folds 4 pair-sum vectors (a, b, c, d) into [a b c d | a b c d] int32, each
- * lane holding half of one block's sum (low / high 16 elements). The 4- and
- * 5-bit formats add in 16 bits (at most 8 * 31 * 127 < 32768); Q8_0 cannot. */
-KV_INL __m256i fold4(int WT, __m256i a, __m256i b, __m256i c, __m256i d) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (KV_VNNI) { /* already int32 */
-        __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
-        return _mm256_hadd_epi32(ab, cd);
+/* Block b of rows p (low lane) and q (high lane) of a 4/5-bit format as
+ * unsigned quants: elements 0..15 in *lo, 16..31 in *hi. */
+KV_INL void w32_pair(int WT, const uint8_t *p, const uint8_t *q, size_t o, __m256i *lo, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i v = load2x128(p + o + W32_QS(WT), q + o + W32_QS(WT));
+    *lo = _mm256_and_si256(v, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (W32_5BIT(WT)) {
+        uint32_t a, c;
+        memcpy(&a, p + o + W32_QH(WT), 4), memcpy(&c, q + o + W32_QH(WT), 4);
+        *lo = _mm256_or_si256(*lo, hbits_pair(a, c, 0));
+        *hi = _mm256_or_si256(*hi, hbits_pair(a, c, 1));
     }
-    if (W32_SIGNED(WT)) {
-        __m256i ab = _mm256_hadd_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
-        __m256i cd = _mm256_hadd_epi32(_mm256_madd_epi16(c, ones), _mm256_madd_epi16(d, ones));
-        return _mm256_hadd_epi32(ab, cd);
-    }
-    __m256i s = _mm256_hadd_epi16(_mm256_hadd_epi16(a, b), _mm256_hadd_epi16(c, d));
-    return _mm256_madd_epi16(s, ones);
 }
 
-/* The symmetric 4/5-bit formats are stored as unsigned u = q + off; the
- * offset is taken off in integers: sum (u - off) x = sum u x - off sum x. */
-#define W32_OFF(WT) ((WT) == KV_TYPE_Q4_0 ? 8 : (WT) == KV_TYPE_Q5_0 ? 16 : 0)
+/* [4 int32 partial sums of row p | 4 of row q] of a pair against the
+ * activation block's elements 0..15 (xlo) and 16..31 (xhi), both lanes. */
+KV_INL __m256i dp_pair(__m256i lo, __m256i hi, __m256i xlo, __m256i xhi) {
+#if KV_VNNI
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xlo), hi, xhi);
+#else /* pair sums <= 2 * 2 * 31 * 127 fit in 16 bits */
+    __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+#endif
+}
 
-/* NR rows x NT tokens, any t0 (tokens' scales read one by one): decode. */
-KV_INL void tile32(int WT, int NR, int NT, int64_t nb, const uint8_t *W, size_t ws,
-                   const uint8_t *X, size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) {
-    __m256 acc[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+/* p[k] = [row k | row k + 4] partial sums -> [sum of row 0 .. sum of row 7]. */
+KV_INL __m256i fold_pairs(const __m256i p[4]) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+}
 
+/* p[k] = 8 partial sums of row k -> [sum of row 0 .. sum of row 7]. */
+KV_INL __m256i fold8(const __m256i p[8]) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+KV_INL int32_t load_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+KV_INL int load_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* The scales (and, for Q4_1 / Q5_1, the mins in *m) of the blocks at byte
+ * o of 8 rows, lane k = row k. */
+KV_INL __m256 w32_scales8(int WT, const uint8_t *const row[8], size_t o, __m256 *m) {
+    if (W32_MIN(WT)) { /* d and m adjacent: 32-bit loads, then split */
+        __m128i a = _mm_cvtsi32_si128(load_i32(row[0] + o)), c = _mm_cvtsi32_si128(load_i32(row[4] + o));
+        a = _mm_insert_epi32(a, load_i32(row[1] + o), 1), c = _mm_insert_epi32(c, load_i32(row[5] + o), 1);
+        a = _mm_insert_epi32(a, load_i32(row[2] + o), 2), c = _mm_insert_epi32(c, load_i32(row[6] + o), 2);
+        a = _mm_insert_epi32(a, load_i32(row[3] + o), 3), c = _mm_insert_epi32(c, load_i32(row[7] + o), 3);
+        const __m128i split = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+        a = _mm_shuffle_epi8(a, split), c = _mm_shuffle_epi8(c, split);
+        *m = _mm256_cvtph_ps(_mm_unpackhi_epi64(a, c));
+        return _mm256_cvtph_ps(_mm_unpacklo_epi64(a, c));
+    }
+    __m128i h = _mm_cvtsi32_si128(load_u16(row[0] + o));
+#pragma GCC unroll 8
+    for (int k = 1; k < 8; k++) h = _mm_insert_epi16(h, load_u16(row[k] + o), k);
+    *m = _mm256_setzero_ps();
+    return _mm256_cvtph_ps(h);
+}
+
+/* y[0 .. nr) for rows W, W + ws, ... (nr <= 8) and token t of X (decode):
+ * lanes are rows; rows past nr repeat the last one and are not stored.
+ * Each row's block at pf bytes further is prefetched. */
+KV_INL void gemv8(int WT, int64_t nb, const uint8_t *W, size_t ws, int nr, const uint8_t *X,
+                  const float *xf, int64_t t, float *y, size_t pf) {
+    const uint8_t *row[8];
+    for (int k = 0; k < 8; k++) row[k] = W + (size_t)(k < nr ? k : nr - 1) * ws;
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i wq[4], wa[4];
-        __m256 wd[4], wc[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            float d, c;
-            if (NT == 1) _mm_prefetch((const char *)(W + (r + NR) * ws) + b * W32_BS(WT), _MM_HINT_T0);
-            wq[r] = w32_load(WT, W + r * ws, b, &d, &c);
-            wd[r] = _mm256_set1_ps(d);
-            wc[r] = _mm256_set1_ps(c);
-            wa[r] = W32_SIGNED(WT) ? _mm256_sign_epi8(wq[r], wq[r]) : wq[r];
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            __m256i xq = _mm256_loadu_si256((const __m256i *)(X + t * xs + b * X32_BS(WT) + X32_QS(WT)));
-            const float *f = xf + KV_XF(t0 + t, b, nb);
-            __m256 xd = _mm256_set1_ps(f[0]);
-            __m256i off = _mm256_setzero_si256();
-            if (W32_OFF(WT))
-                off = dp_u8s8(_mm256_setzero_si256(), _mm256_set1_epi8(W32_OFF(WT)), xq);
-            __m256 sx = _mm256_setr_ps(f[4], 0, 0, 0, 0, 0, 0, 0);
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                __m256i i = w32_dot(WT, wq[r], wa[r], xq);
-                if (W32_OFF(WT)) i = _mm256_sub_epi32(i, off);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(wd[r], xd), acc[r][t]);
-                if ((WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_1)
-                    acc[r][t] = _mm256_fmadd_ps(wc[r], sx, acc[r][t]);
+        size_t o = (size_t)b * W32_BS(WT);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) _mm_prefetch((const char *)row[k] + pf + o, _MM_HINT_T0);
+        const uint8_t *xq = X + b * X32_BS(WT) + X32_QS(WT);
+        __m256i I;
+        if (W32_SIGNED(WT)) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)xq), p[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(row[k] + o + 2));
+                p[k] = dp_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
             }
+            I = fold8(p);
+        } else {
+            __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xq));
+            __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + 16)));
+            __m256i p[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256i lo, hi;
+                w32_pair(WT, row[k], row[k + 4], o, &lo, &hi);
+                p[k] = dp_pair(lo, hi, xlo, xhi);
+            }
+            I = fold_pairs(p);
         }
+        __m256 mw, dw = w32_scales8(WT, row, o, &mw);
+        const float *f = xf + KV_XF(t, b, nb);
+        acc = w32_acc(WT, acc, I, dw, mw, _mm256_set1_ps(f[0]), _mm256_set1_ps(f[4]));
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; t++)
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) y[t * ldy + r] = hsum_ps(acc[r][t]);
+    if (nr == 8) {
+        _mm256_storeu_ps(y, acc);
+    } else {
+        float o[8];
+        _mm256_storeu_ps(o, acc);
+        memcpy(y, o, (size_t)nr * sizeof(float));
+    }
 }
+
+/* ---- prefill: 8 or 16 tokens in the lanes ---------------------------------- */
 
 /* Scales of block b of 4 rows (rows ws bytes apart): d as [d0 d1 d2 d3 d0 d1 d2 d3];
  * for Q4_1 / Q5_1 also the mins as [m0 m1 m2 m3 . . . .]. */
 KV_INL __m256 w32_scales4(int WT, const uint8_t *W, size_t ws, int64_t b, __m256 *m) {
     const uint8_t *p = W + b * W32_BS(WT);
-    if (WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1) { /* d, m adjacent halves */
+    if (W32_MIN(WT)) { /* d, m adjacent halves */
         int32_t v0, v1, v2, v3;
         memcpy(&v0, p, 4), memcpy(&v1, p + ws, 4), memcpy(&v2, p + 2 * ws, 4), memcpy(&v3, p + 3 * ws, 4);
         __m256 f = _mm256_cvtph_ps(_mm_setr_epi32(v0, v1, v2, v3)); /* d0 m0 d1 m1 d2 m2 d3 m3 */
@@ -253,116 +344,87 @@ KV_INL __m256 w32_scales4(int WT, const uint8_t *W, size_t ws, int64_t b, __m256
     return _mm256_set_m128(d, d);
 }
 
-/* 4 rows x 1 token (decode): the 4 rows' integer sums are folded into one
- * vector (hadd): lane r holds row r's low half, lane r + 4 its high half. */
-KV_INL void tile32r4(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X, float *y,
-                     const float *xf, int64_t t0) {
-    __m256 acc = _mm256_setzero_ps();
-    const __m256 zero_hi = _mm256_castsi256_ps(_mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0));
-    for (int64_t b = 0; b < nb; b++) {
-        const float *f = xf + KV_XF(t0, b, nb);
-        __m256i xq = _mm256_loadu_si256((const __m256i *)(X + b * X32_BS(WT) + X32_QS(WT)));
-        __m256i i4[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            float d, c;
-            _mm_prefetch((const char *)(W + (r + 4) * ws) + b * W32_BS(WT), _MM_HINT_T0);
-            __m256i wq = w32_load(WT, W + r * ws, b, &d, &c);
-            __m256i wa = W32_SIGNED(WT) ? _mm256_sign_epi8(wq, wq) : wq;
-            i4[r] = w32_pairs(WT, wq, wa, xq);
-        }
-        __m256i h = fold4(WT, i4[0], i4[1], i4[2], i4[3]);
-        if (W32_OFF(WT)) {
-            __m256i off = dp_u8s8(_mm256_setzero_si256(), _mm256_set1_epi8(W32_OFF(WT)), xq);
-            off = _mm256_hadd_epi32(off, off);
-            h = _mm256_sub_epi32(h, _mm256_hadd_epi32(off, off));
-        }
-        __m256 m;
-        __m256 d = w32_scales4(WT, W, ws, b, &m);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(d, _mm256_set1_ps(f[0])), acc);
-        if (WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1)
-            acc = _mm256_fmadd_ps(m, _mm256_and_ps(_mm256_set1_ps(f[4]), zero_hi), acc);
+/* Weight block b of a row as the bytes the prefill tiles broadcast: the
+ * 4/5-bit quants as they are; Q8_0's signed quants + 128 with VNNI (u8 for
+ * vpdpbusd; the 128 * sum(qx) this adds is taken off with the side table's
+ * integer sums), else their magnitudes, the signs going to *sg. */
+KV_INL void w32_bytes(int WT, const uint8_t *row, int64_t b, uint8_t *u, uint8_t *sg, float *d, float *c) {
+    __m256i q = w32_load(WT, row, b, d, c);
+    if (W32_SIGNED(WT)) {
+#if KV_VNNI
+        q = _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
+#else
+        _mm256_store_si256((__m256i *)sg, q);
+        q = _mm256_sign_epi8(q, q);
+#endif
     }
-    __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    _mm_storeu_ps(y, v);
+    _mm256_store_si256((__m256i *)u, q);
 }
 
-/* NR rows x 4 tokens t0..t0+3, t0 % 4 == 0: the 4 tokens' integer sums are
- * folded into one vector (hadd), so one convert and one FMA serve 4 tokens. */
-KV_INL void tile32x4(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,
-                     size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) {
-    __m256 acc[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
-    const float *g = xf + KV_XF(t0, 0, nb);
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i xq[4];
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++)
-            xq[t] = _mm256_loadu_si256((const __m256i *)(X + t * xs + b * X32_BS(WT) + X32_QS(WT)));
-        __m256 d4 = _mm256_broadcast_ps((const __m128 *)(g + b * 8));           /* d0..d3 d0..d3 */
-        __m256 s4 = _mm256_castps128_ps256(_mm_loadu_ps(g + b * 8 + 4));
-        s4 = _mm256_insertf128_ps(s4, _mm_setzero_ps(), 1);                     /* s0..s3 0 0 0 0 */
-        __m256 d8 = _mm256_setzero_ps(), m8 = d8;
-        if (NR == 4) d8 = w32_scales4(WT, W, ws, b, &m8); /* 4 rows' scales at once */
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            float d, c;
-            __m256i wq = w32_load(WT, W + r * ws, b, &d, &c);
-            __m256i wa = W32_SIGNED(WT) ? _mm256_sign_epi8(wq, wq) : wq;
-            __m256 p = _mm256_cvtepi32_ps(fold4(WT, w32_pairs(WT, wq, wa, xq[0]), w32_pairs(WT, wq, wa, xq[1]),
-                                                w32_pairs(WT, wq, wa, xq[2]), w32_pairs(WT, wq, wa, xq[3])));
-            __m256 dv, cv;
-            if (NR == 4) {
-                dv = _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(r));
-                cv = (WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1)
-                         ? _mm256_permutevar8x32_ps(m8, _mm256_set1_epi32(r))
-                         : _mm256_mul_ps(dv, _mm256_set1_ps((float)-W32_OFF(WT)));
-            } else {
-                dv = _mm256_set1_ps(d), cv = _mm256_set1_ps(c);
-            }
-            acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(dv, d4), acc[r]);
-            if (!W32_SIGNED(WT)) acc[r] = _mm256_fmadd_ps(cv, s4, acc[r]);
-        }
+/* isum (int32 per token) += the products of 4 weight quants (broadcast) and
+ * the 8 tokens' 4 quants xv; s16 the 16-bit partial sums (AVX2) that
+ * widen() moves into isum. */
+KV_INL void t8_step(int WT, __m256i *isum, __m256i *s16, const uint8_t *u, const uint8_t *sg, __m256i xv) {
+    __m256i wv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)u));
+#if KV_VNNI
+    (void)sg, (void)s16;
+    *isum = _mm256_dpbusd_epi32(*isum, wv, xv);
+#else
+    if (W32_SIGNED(WT)) { /* |w| x sign(w) x: pairs of 2 * 128 * 127 fit, one step */
+        __m256i sv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)sg));
+        *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(_mm256_maddubs_epi16(wv, _mm256_sign_epi8(xv, sv)),
+                                                          _mm256_set1_epi16(1)));
+    } else {
+        *s16 = _mm256_add_epi16(*s16, _mm256_maddubs_epi16(wv, xv));
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) {
-        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-        float o[4];
-        _mm_storeu_ps(o, v);
-        for (int t = 0; t < 4; t++) y[t * ldy + r] = o[t];
+#endif
+}
+
+KV_INL void t8_widen(int WT, __m256i *isum, __m256i *s16) {
+#if !KV_VNNI
+    if (!W32_SIGNED(WT)) {
+        *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(*s16, _mm256_set1_epi16(1)));
+        *s16 = _mm256_setzero_si256();
     }
+#endif
+}
+
+/* The exact block sums I of a token group: isum less VNNI Q8_0's 128 * sum(qx). */
+KV_INL __m256i t8_sums(int WT, __m256i isum, const float *f) {
+    if (KV_VNNI && W32_SIGNED(WT))
+        return _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_load_si256((const __m256i *)(f + 16)), 7));
+    return isum;
+}
+
+/* Stores lanes t < nt of v as y[t * ldy]. */
+KV_INL void store_tokens(__m256 v, float *y, int64_t ldy, int nt) {
+    _Alignas(32) float o[8];
+    _mm256_store_ps(o, v);
+    for (int t = 0; t < 8 && t < nt; t++) y[t * ldy] = o[t];
 }
 
 /* NR rows x 8 tokens on the interleaved layout (see quant_impl.h): for each
  * group g of 4 weight quants, broadcast them and multiply with the 8 tokens'
  * 4 quants at once; lanes stay tokens, so no horizontal sums at all. The
  * 16-bit sums are widened every FL groups (8 * 2 * 15 * 127 < 32768 for the
- * 4-bit formats, 4 groups for the 5-bit ones). */
+ * 4-bit formats, 4 groups for the 5-bit ones). Tokens t < nt are stored. */
 KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,
-                  const float *xs8, float *y, int64_t ldy) {
-    const int FL = (WT == KV_TYPE_Q5_0 || WT == KV_TYPE_Q5_1) ? 4 : 8;
-    const __m256i ones = _mm256_set1_epi16(1);
-    (void)ones;
+                  const float *xs8, float *y, int64_t ldy, int nt) {
+    const int FL = W32_5BIT(WT) ? 4 : 8;
     __m256 acc[4];
-    _Alignas(32) uint8_t wb[4][32];
+    _Alignas(32) uint8_t wb[4][32], sg[4][32];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         float wd[4], wc[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            __m256i u = w32_load(WT, W + r * ws, b, &wd[r], &wc[r]);
-            _mm256_store_si256((__m256i *)wb[r], u);
-        }
+        for (int r = 0; r < NR; r++) w32_bytes(WT, W + r * ws, b, wb[r], sg[r], &wd[r], &wc[r]);
         __m256 d4 = _mm256_setzero_ps(), m4 = d4;
         if (NR == 4) d4 = w32_scales4(WT, W, ws, b, &m4); /* 4 rows' scales in one convert */
         const uint8_t *xb = xi + b * 256;
         __m256i isum[4], s16[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256(), s16[r] = isum[r];
-        (void)s16;
-        const uint8_t *wp = &wb[0][0];
         for (int h = 0; h < 8; h += FL) {
             /* a rolled loop keeps the 16-bit sums in registers (fully
              * unrolled, gcc turns the chains into trees and spills) */
@@ -370,27 +432,13 @@ KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const
             for (int g = h; g < h + FL; g++) {
                 __m256i xv = _mm256_load_si256((const __m256i *)(xb + 32 * g));
 #pragma GCC unroll 4
-                for (int r = 0; r < NR; r++) {
-                    __m256i wv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)(wp + 32 * r + 4 * g)));
-#if KV_VNNI
-                    isum[r] = _mm256_dpbusd_epi32(isum[r], wv, xv);
-#else
-                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wv, xv));
-#endif
-                }
+                for (int r = 0; r < NR; r++) t8_step(WT, &isum[r], &s16[r], &wb[r][4 * g], &sg[r][4 * g], xv);
             }
-#if !KV_VNNI
 #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
-                s16[r] = _mm256_setzero_si256();
-            }
-#endif
+            for (int r = 0; r < NR; r++) t8_widen(WT, &isum[r], &s16[r]);
         }
-        __m256 d8 = _mm256_load_ps(xs8 + b * 16), s8 = _mm256_load_ps(xs8 + b * 16 + 8);
-        const int MIN = WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1;
-        /* offset formats: d * (sum * d8 - off * s8); min formats: d * sum * d8 + m * s8 */
-        __m256 s8o = MIN ? s8 : _mm256_mul_ps(s8, _mm256_set1_ps((float)-W32_OFF(WT)));
+        const float *f = xs8 + b * KV_X8F;
+        __m256 dx = _mm256_load_ps(f), sx = _mm256_load_ps(f + 8);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             __m256 dr, mr;
@@ -400,45 +448,29 @@ KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const
             } else {
                 dr = _mm256_set1_ps(wd[r]), mr = _mm256_set1_ps(wc[r]);
             }
-            __m256 v = _mm256_cvtepi32_ps(isum[r]);
-            if (MIN) {
-                acc[r] = _mm256_fmadd_ps(dr, _mm256_mul_ps(v, d8), acc[r]);
-                acc[r] = _mm256_fmadd_ps(mr, s8, acc[r]);
-            } else {
-                acc[r] = _mm256_fmadd_ps(dr, _mm256_fmadd_ps(v, d8, s8o), acc[r]);
-            }
+            acc[r] = w32_acc(WT, acc[r], t8_sums(WT, isum[r], f), dr, mr, dx, sx);
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) {
-        _Alignas(32) float o[8];
-        _mm256_store_ps(o, acc[r]);
-        for (int t = 0; t < 8; t++) y[t * ldy + r] = o[t];
-    }
+    for (int r = 0; r < NR; r++) store_tokens(acc[r], y + r, ldy, nt);
 }
 
 /* NR rows x 16 tokens (two consecutive 8-token groups): each broadcast weight
  * group serves 16 tokens and the block overhead is paid once per 16. */
 KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,
-                   const float *xs8, float *y, int64_t ldy) {
-    const int FL = (WT == KV_TYPE_Q5_0 || WT == KV_TYPE_Q5_1) ? 4 : 8;
-    const int MIN = WT == KV_TYPE_Q4_1 || WT == KV_TYPE_Q5_1;
-    const __m256i ones = _mm256_set1_epi16(1);
-    (void)ones;
+                   const float *xs8, float *y, int64_t ldy, int nt) {
+    const int FL = W32_5BIT(WT) ? 4 : 8;
     __m256 acc[2][2];
-    _Alignas(32) uint8_t wb[2][32];
+    _Alignas(32) uint8_t wb[2][32], sg[2][32];
 #pragma GCC unroll 2
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const uint8_t *xi1 = xi + nb * 256;
-    const float *xs1 = xs8 + nb * 16;
+    const float *xs1 = xs8 + nb * KV_X8F;
     for (int64_t b = 0; b < nb; b++) {
         float wd[2], wc[2];
 #pragma GCC unroll 2
-        for (int r = 0; r < NR; r++) {
-            __m256i u = w32_load(WT, W + r * ws, b, &wd[r], &wc[r]);
-            _mm256_store_si256((__m256i *)wb[r], u);
-        }
-        const uint8_t *xb0 = xi + b * 256, *xb1 = xi1 + b * 256, *wp = &wb[0][0];
+        for (int r = 0; r < NR; r++) w32_bytes(WT, W + r * ws, b, wb[r], sg[r], &wd[r], &wc[r]);
+        const uint8_t *xb0 = xi + b * 256, *xb1 = xi1 + b * 256;
         __m256i isum[2][2], s16[2][2];
 #pragma GCC unroll 2
         for (int r = 0; r < NR; r++)
@@ -450,138 +482,93 @@ KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, cons
                 __m256i x1 = _mm256_load_si256((const __m256i *)(xb1 + 32 * g));
 #pragma GCC unroll 2
                 for (int r = 0; r < NR; r++) {
-                    __m256i wv = _mm256_castps_si256(_mm256_broadcast_ss((const float *)(wp + 32 * r + 4 * g)));
-#if KV_VNNI
-                    isum[r][0] = _mm256_dpbusd_epi32(isum[r][0], wv, x0);
-                    isum[r][1] = _mm256_dpbusd_epi32(isum[r][1], wv, x1);
-#else
-                    s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(wv, x0));
-                    s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(wv, x1));
-#endif
+                    t8_step(WT, &isum[r][0], &s16[r][0], &wb[r][4 * g], &sg[r][4 * g], x0);
+                    t8_step(WT, &isum[r][1], &s16[r][1], &wb[r][4 * g], &sg[r][4 * g], x1);
                 }
             }
-#if !KV_VNNI
 #pragma GCC unroll 2
-            for (int r = 0; r < NR; r++)
-#pragma GCC unroll 2
-                for (int k = 0; k < 2; k++) {
-                    isum[r][k] = _mm256_add_epi32(isum[r][k], _mm256_madd_epi16(s16[r][k], ones));
-                    s16[r][k] = _mm256_setzero_si256();
-                }
-#endif
+            for (int r = 0; r < NR; r++) t8_widen(WT, &isum[r][0], &s16[r][0]), t8_widen(WT, &isum[r][1], &s16[r][1]);
         }
 #pragma GCC unroll 2
         for (int k = 0; k < 2; k++) {
-            const float *f = (k ? xs1 : xs8) + b * 16;
-            __m256 d8 = _mm256_load_ps(f), s8 = _mm256_load_ps(f + 8);
-            __m256 s8o = MIN ? s8 : _mm256_mul_ps(s8, _mm256_set1_ps((float)-W32_OFF(WT)));
+            const float *f = (k ? xs1 : xs8) + b * KV_X8F;
+            __m256 dx = _mm256_load_ps(f), sx = _mm256_load_ps(f + 8);
 #pragma GCC unroll 2
-            for (int r = 0; r < NR; r++) {
-                __m256 v = _mm256_cvtepi32_ps(isum[r][k]);
-                __m256 dr = _mm256_set1_ps(wd[r]);
-                if (MIN) {
-                    acc[r][k] = _mm256_fmadd_ps(dr, _mm256_mul_ps(v, d8), acc[r][k]);
-                    acc[r][k] = _mm256_fmadd_ps(_mm256_set1_ps(wc[r]), s8, acc[r][k]);
-                } else {
-                    acc[r][k] = _mm256_fmadd_ps(dr, _mm256_fmadd_ps(v, d8, s8o), acc[r][k]);
-                }
-            }
+            for (int r = 0; r < NR; r++)
+                acc[r][k] = w32_acc(WT, acc[r][k], t8_sums(WT, isum[r][k], f), _mm256_set1_ps(wd[r]),
+                                    _mm256_set1_ps(wc[r]), dx, sx);
         }
     }
 #pragma GCC unroll 2
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 2
-        for (int k = 0; k < 2; k++) {
-            _Alignas(32) float o[8];
-            _mm256_store_ps(o, acc[r][k]);
-            for (int t = 0; t < 8; t++) y[(8 * k + t) * ldy + r] = o[t];
-        }
+        for (int k = 0; k < 2; k++) store_tokens(acc[r][k], y + 8 * k * ldy + r, ldy, nt - 8 * k);
 }
 
 #define TILE8_FNS(NAME, WT)                                                                        \
     static KV_AVX2 void NAME##_4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,      \
-                                 const float *xs8, float *y, int64_t ldy) {                         \
-        tile8(WT, 4, nb, W, ws, xi, xs8, y, ldy);                                                   \
+                                 const float *xs8, float *y, int64_t ldy, int nt) {                 \
+        tile8(WT, 4, nb, W, ws, xi, xs8, y, ldy, nt);                                               \
     }                                                                                               \
     static KV_AVX2 void NAME##_1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,      \
-                                 const float *xs8, float *y, int64_t ldy) {                         \
-        tile8(WT, 1, nb, W, ws, xi, xs8, y, ldy);                                                   \
+                                 const float *xs8, float *y, int64_t ldy, int nt) {                 \
+        tile8(WT, 1, nb, W, ws, xi, xs8, y, ldy, nt);                                               \
     }                                                                                               \
     static KV_AVX2 void NAME##_16x2(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,   \
-                                    const float *xs8, float *y, int64_t ldy) {                      \
-        tile16(WT, 2, nb, W, ws, xi, xs8, y, ldy);                                                  \
+                                    const float *xs8, float *y, int64_t ldy, int nt) {              \
+        tile16(WT, 2, nb, W, ws, xi, xs8, y, ldy, nt);                                              \
     }                                                                                               \
     static KV_AVX2 void NAME##_16x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,   \
-                                    const float *xs8, float *y, int64_t ldy) {                      \
-        tile16(WT, 1, nb, W, ws, xi, xs8, y, ldy);                                                  \
+                                    const float *xs8, float *y, int64_t ldy, int nt) {              \
+        tile16(WT, 1, nb, W, ws, xi, xs8, y, ldy, nt);                                              \
     }                                                                                               \
     static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *xi,    \
-                             const float *xs8, int ng, float *y, int64_t ldy) {                     \
+                             const float *xs8, int nt, float *y, int64_t ldy) {                     \
         int64_t nb = K / 32;                                                                        \
-        int G = 0;                                                                                  \
-        for (; KV_T16 && G + 2 <= ng; G += 2) {                                                     \
-            const uint8_t *xg = xi + G * nb * 256;                                                  \
-            const float *fg = xs8 + G * nb * 16;                                                    \
-            float *yg = y + (int64_t)G * 8 * ldy;                                                   \
+        int t = 0;                                                                                  \
+        for (; t + 8 < nt; t += 16) { /* two groups, the second possibly partial */                 \
+            const uint8_t *xg = xi + (t / 8) * nb * 256;                                            \
+            const float *fg = xs8 + (t / 8) * nb * KV_X8F;                                          \
+            float *yg = y + (int64_t)t * ldy;                                                       \
             int r = 0;                                                                              \
-            for (; r + 2 <= nr; r += 2) NAME##_16x2(nb, W + r * ws, ws, xg, fg, yg + r, ldy);       \
-            for (; r < nr; r++) NAME##_16x1(nb, W + r * ws, ws, xg, fg, yg + r, ldy);               \
+            for (; r + 2 <= nr; r += 2) NAME##_16x2(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t); \
+            for (; r < nr; r++) NAME##_16x1(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t);       \
         }                                                                                           \
-        for (; G < ng; G++) {                                                                       \
-            const uint8_t *xg = xi + G * nb * 256;                                                  \
-            const float *fg = xs8 + G * nb * 16;                                                    \
-            float *yg = y + (int64_t)G * 8 * ldy;                                                   \
+        if (t < nt) {                                                                               \
+            const uint8_t *xg = xi + (t / 8) * nb * 256;                                            \
+            const float *fg = xs8 + (t / 8) * nb * KV_X8F;                                          \
+            float *yg = y + (int64_t)t * ldy;                                                       \
             int r = 0;                                                                              \
-            for (; r + 4 <= nr; r += 4) NAME##_4(nb, W + r * ws, ws, xg, fg, yg + r, ldy);          \
-            for (; r < nr; r++) NAME##_1(nb, W + r * ws, ws, xg, fg, yg + r, ldy);                  \
+            for (; r + 4 <= nr; r += 4) NAME##_4(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t);  \
+            for (; r < nr; r++) NAME##_1(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t);          \
         }                                                                                           \
     }
-
-#ifndef KV_T16
-#define KV_T16 1
-#endif
 
 TILE8_FNS(tile8_q4_0, KV_TYPE_Q4_0)
 TILE8_FNS(tile8_q4_1, KV_TYPE_Q4_1)
 TILE8_FNS(tile8_q5_0, KV_TYPE_Q5_0)
 TILE8_FNS(tile8_q5_1, KV_TYPE_Q5_1)
+TILE8_FNS(tile8_q8_0, KV_TYPE_Q8_0)
 
-/* Instantiations and the tile dispatcher for one weight type. */
+/* Prefetch distance of the decode kernel: the row group this many bytes on
+ * (whole groups of 8 rows). */
+#define GEMV_PF_BYTES 4096
+
+/* The tile entry (kv_tile_fn) for one weight type: token by token, 8 rows
+ * at a time (the decode kernel; the prefill tiles take groups of 8 tokens). */
 #define TILE32_FNS(NAME, WT)                                                                       \
-    static KV_AVX2 void NAME##_x4_4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,    \
-                                    size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
-        tile32x4(WT, 4, nb, W, ws, X, xs, y, ldy, xf, t0);                                          \
-    }                                                                                               \
-    static KV_AVX2 void NAME##_x4_1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,    \
-                                    size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
-        tile32x4(WT, 1, nb, W, ws, X, xs, y, ldy, xf, t0);                                          \
-    }                                                                                               \
-    static KV_AVX2 void NAME##_4x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
-                                   size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
-        tile32r4(WT, nb, W, ws, X, y, xf, t0); /* one token: y[0..4) contiguous */                 \
-    }                                                                                               \
-    static KV_AVX2 void NAME##_1x1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *X,     \
-                                   size_t xs, float *y, int64_t ldy, const float *xf, int64_t t0) { \
-        tile32(WT, 1, 1, nb, W, ws, X, xs, y, ldy, xf, t0);                                         \
+    static KV_AVX2 void NAME##_gemv8(int64_t nb, const uint8_t *W, size_t ws, int nr, const uint8_t *X, \
+                                     const float *xf, int64_t t, float *y, size_t pf) {            \
+        gemv8(WT, nb, W, ws, nr, X, xf, t, y, pf);                                                  \
     }                                                                                               \
     static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *X,     \
                              size_t xs, int nt, float *y, int64_t ldy, const float *xf, int64_t t0) { \
         int64_t nb = K / 32;                                                                        \
-        int t = 0;                                                                                  \
-        for (; t + 4 <= nt && (t0 + t) % 4 == 0; t += 4) {                                          \
-            int r = 0;                                                                              \
-            for (; r + 4 <= nr; r += 4)                                                             \
-                NAME##_x4_4(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy, xf, t0 + t);  \
-            for (; r < nr; r++)                                                                     \
-                NAME##_x4_1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy, xf, t0 + t);  \
-        }                                                                                           \
-        for (; t < nt; t++) {                                                                       \
-            int r = 0;                                                                              \
-            for (; r + 4 <= nr; r += 4)                                                             \
-                NAME##_4x1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy, xf, t0 + t);   \
-            for (; r < nr; r++)                                                                     \
-                NAME##_1x1(nb, W + r * ws, ws, X + t * xs, xs, y + t * ldy + r, ldy, xf, t0 + t);   \
-        }                                                                                           \
+        size_t grp = 8 * ws, pf = (GEMV_PF_BYTES + grp - 1) / grp * grp;                            \
+        for (int t = 0; t < nt; t++)                                                                \
+            for (int r = 0; r < nr; r += 8)                                                         \
+                NAME##_gemv8(nb, W + r * ws, ws, nr - r < 8 ? nr - r : 8, X + t * xs, xf, t0 + t,   \
+                             y + t * ldy + r, pf);                                                  \
     }
 
 TILE32_FNS(tile_q4_0, KV_TYPE_Q4_0)
@@ -687,9 +674,9 @@ KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, __m256i sc,
         for (int t = 0; t < NT; t++) {
             __m256i y0 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j));
             __m256i y1 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j + 32));
-#if KV_VNNI
+#if KV_VNNI /* two chains of sums (exact, so in any order) */
             isum[t] = _mm256_dpwssd_epi32(isum[t], _mm256_maddubs_epi16(lo, y0), s0);
-            isum[t] = _mm256_dpwssd_epi32(isum[t], _mm256_maddubs_epi16(hi, y1), s1);
+            isum[NT + t] = _mm256_dpwssd_epi32(isum[NT + t], _mm256_maddubs_epi16(hi, y1), s1);
 #else
             __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s0);
             __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s1);
@@ -718,18 +705,19 @@ KV_INL void tile_k45(int Q5, int NT, int64_t nb, const uint8_t *W, const uint8_t
         __m256i sc;
         __m128i mins = k4_scales(scales, &sc);
         const kv_block_q8_k *xb[4];
-        __m256i isum[4];
+        __m256i isum[8];
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             xb[t] = (const kv_block_q8_k *)(X + t * xs) + b;
-            isum[t] = _mm256_setzero_si256();
+            isum[t] = isum[NT + t] = _mm256_setzero_si256();
         }
         k45_block(NT, qs, qh, sc, xb, isum);
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             float dx = xb[t]->d;
+            if (KV_VNNI) isum[t] = _mm256_add_epi32(isum[t], isum[NT + t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * dx), acc[t]);
-            macc[t] += dmin * dx * (float)k_minsum(mins, xb[t]->bsums);
+            macc[t] = fmaf(dmin * dx, (float)k_minsum(mins, xb[t]->bsums), macc[t]);
         }
     }
 #pragma GCC unroll 4
@@ -746,7 +734,7 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
     for (int64_t b = 0; b < nb; b++) {
         const kv_block_q6_k *w = (const kv_block_q6_k *)W + b;
         const kv_block_q8_k *xb[4];
-        __m256i isum[4];
+        __m256i isum[8];
         __m128i sc8 = _mm_loadu_si128((const __m128i *)w->scales);
         __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* 16 scales as int16 */
 #pragma GCC unroll 4
@@ -756,6 +744,7 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
             __m256i bs = _mm256_loadu_si256((const __m256i *)xb[t]->bsums);
             isum[t] = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
             isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), isum[t]);
+            isum[NT + t] = _mm256_setzero_si256();
         }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
@@ -786,8 +775,9 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     __m256i yy = _mm256_loadu_si256((const __m256i *)(yq + 32 * k));
-#if KV_VNNI
-                    isum[t] = _mm256_dpwssd_epi32(isum[t], _mm256_maddubs_epi16(q[k], yy), sc[k]);
+#if KV_VNNI /* two chains of sums (exact, so in any order) */
+                    int c = (k & 1) * NT + t;
+                    isum[c] = _mm256_dpwssd_epi32(isum[c], _mm256_maddubs_epi16(q[k], yy), sc[k]);
 #else
                     __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], yy), sc[k]);
                     isum[t] = _mm256_add_epi32(isum[t], p);
@@ -797,8 +787,10 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
         }
         float d = h2f(w->d);
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++)
+        for (int t = 0; t < NT; t++) {
+            isum[t] = _mm256_add_epi32(isum[t], isum[NT + t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * xb[t]->d), acc[t]);
+        }
     }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++) y[t * ldy] = hsum_ps(acc[t]);
@@ -1048,12 +1040,13 @@ int KV_KERNELS_INSTALL(kv_kernels *k) {
     k->tile8[KV_TYPE_Q4_1] = tile8_q4_1;
     k->tile8[KV_TYPE_Q5_0] = tile8_q5_0;
     k->tile8[KV_TYPE_Q5_1] = tile8_q5_1;
+    k->tile8[KV_TYPE_Q8_0] = tile8_q8_0;
     k->f16_to_f32_row = f16_to_f32_row;
     k->f32_to_f16_row = f32_to_f16_row;
     k->quant[KV_TYPE_Q8_0] = quant_q8_0;
     k->quant[KV_TYPE_Q8_1] = quant_q8_1;
     k->quant[KV_TYPE_Q8_K] = quant_q8_k;
-    k->tile_rows = 4;
+    k->tile_rows = 8;
     k->tile_toks = 4;
     return 1;
 }

@@ -84,15 +84,18 @@ typedef void (*kv_dot_fn)(int64_t n, float *out, const void *w, const void *x);
 typedef void (*kv_quant_fn)(const float *src, void *dst, int64_t n);
 
 /* The 8-token prefill layout of Q8_0 / Q8_1 activations (built by kv_matmul
- * when the weight type has a tile8 kernel). For each group of 8 tokens and
- * each block b: 256 bytes, quants 4g..4g+3 of tokens 0..7 for g = 0..7:
+ * when the weight type has a tile8 kernel). For each group of 8 tokens (the
+ * last one padded with zero tokens) and each block b: 256 bytes, quants
+ * 4g..4g+3 of tokens 0..7 for g = 0..7:
  *   xi[(G * nb + b) * 256 + 32 g + 4 t + k] = q of token 8G + t, element 32 b + 4 g + k
- * and 16 floats: the 8 tokens' block scales d, then their d * sum(q):
- *   xs8[(G * nb + b) * 16 + t], xs8[(G * nb + b) * 16 + 8 + t]
- * tile8: y[t * ldy + r] for r < nr, t < 8 * ng: ng consecutive groups,
- * xi / xs8 / y pointing at the first one. */
+ * and KV_X8F floats: the 8 tokens' block scales d, their d * sum(q), and
+ * sum(q) as int32:
+ *   xs8[(G * nb + b) * KV_X8F + t], ... + 8 + t, ((int32_t *)...)[16 + t]
+ * tile8: y[t * ldy + r] for r < nr, t < nt: ceil(nt / 8) consecutive
+ * groups, xi / xs8 / y pointing at the first one. */
+#define KV_X8F 24
 typedef void (*kv_tile8_fn)(int64_t K, const uint8_t *W, size_t wstride, int nr,
-                            const uint8_t *xi, const float *xs8, int ng, float *y, int64_t ldy);
+                            const uint8_t *xi, const float *xs8, int nt, float *y, int64_t ldy);
 
 typedef struct {
     kv_dot_fn dot[64];   /* by weight type */

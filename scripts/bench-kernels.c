@@ -1,7 +1,7 @@
 /*
- * bench-kernels.c — microbenchmark of kv_matmul on SmolLM2-135M and
- * Llama-3.2-1B matrix shapes: decode (T=1, weight GB/s) and prefill
- * (T=64/128/512, GFLOP/s). Not a test: it prints figures.
+ * bench-kernels.c — microbenchmark of kv_matmul on SmolLM2-135M,
+ * Llama-3.2-1B and Gemma-3-270M matrix shapes: decode (T=1, weight GB/s)
+ * and prefill (T=64/128/512, GFLOP/s). Not a test: it prints figures.
  *
  *   gcc -O2 -Iengine engine/*.c scripts/bench-kernels.c -o bench-kernels -lm -lpthread
  *   ./bench-kernels [type=Q4_0] [threads=physical cores] [seconds per case=0.3]
@@ -9,6 +9,8 @@
  * Decode cycles through enough copies of each matrix (>= 128 MiB) that the
  * weights come from memory, as in a real forward pass; KVLUA_SIMD=scalar
  * measures the portable path; BENCH_HOT=1 reuses one copy (cache-hot).
+ * BENCH_T=1,64 picks the token counts, BENCH_MODEL=gemma3 the shapes of
+ * one model. Gemma 3's 262144 x 640 output matrix is timed at T=1 only.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,13 +56,21 @@ int main(int argc, char **argv) {
         {"smollm2", 576, 576},   {"smollm2", 192, 576},   {"smollm2", 1536, 576},
         {"smollm2", 576, 1536},  {"smollm2", 49152, 576}, {"llama1b", 2048, 2048},
         {"llama1b", 512, 2048},  {"llama1b", 8192, 2048}, {"llama1b", 2048, 8192},
+        {"gemma3", 1024, 640},   {"gemma3", 2048, 640},   {"gemma3", 640, 1024},
+        {"gemma3", 640, 2048},   {"gemma3", 262144, 640},
     };
-    static const int Ts[] = {1, 64, 128, 512};
+    int Ts[8] = {1, 64, 128, 512}, nT = 4;
+    if (getenv("BENCH_T")) {
+        nT = 0;
+        for (char *p = getenv("BENCH_T"); *p && nT < 8; p += strspn(p, ","))
+            Ts[nT++] = (int)strtol(p, &p, 10);
+    }
+    const char *only = getenv("BENCH_MODEL");
     printf("type %s, %d threads, simd %s\n", kv_type_traits_get(wt)->name, nth, kv_simd_name());
     printf("%-8s %6s %6s %5s %10s %9s %10s\n", "model", "rows", "K", "T", "us/call", "GB/s", "GFLOP/s");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t rows = shapes[s].rows, K = shapes[s].K;
-        if (K % kv_type_traits_get(wt)->blck) continue;
+        if (K % kv_type_traits_get(wt)->blck || (only && strcmp(only, shapes[s].model) != 0)) continue;
         size_t wbytes = kv_row_size(wt, K) * (size_t)rows;
         int ncopies = (int)((128u << 20) / wbytes) + 1;
         uint8_t *W = malloc(wbytes * ncopies);
@@ -72,8 +82,9 @@ int main(int argc, char **argv) {
             kv_quantize_row(wt, src, W + r * kv_row_size(wt, K), K);
         }
         for (int c = 1; c < ncopies; c++) memcpy(W + c * wbytes, W, wbytes);
-        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        for (int ti = 0; ti < nT; ti++) {
             int64_t T = Ts[ti];
+            if (T < 1 || (T > 1 && rows * K > (1 << 26))) continue;
             float *x = malloc((size_t)(T * K) * 4), *y = malloc((size_t)(T * rows) * 4);
             void *scratch = malloc(kv_matmul_scratch_size(wt, K, T));
             for (int64_t i = 0; i < T * K; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;

@@ -6,6 +6,9 @@
  *   - activation quantizers of the fast path == the scalar reference, byte for byte
  *   - the scalar dot == float dot of the dequantized rows; the fast dot == scalar dot
  *   - kv_matmul == naive float product for many shapes, 1 and 2 threads
+ *   - kv_matmul is batch invariant: a token's row of y has the same bits
+ *     whatever else is in the batch (T = 1 decode or a tile of the prefill,
+ *     any position in it) and whatever the thread count
  */
 #include <math.h>
 #include <stdio.h>
@@ -376,6 +379,82 @@ static void test_matmul(void) {
     kv_pool_destroy(pools[1]);
 }
 
+/* ---- batch invariance ------------------------------------------------------------------------------ */
+
+/* y (T, ldy) for tokens x[t0 .. t0 + T) of xs (.., K), on pool p. */
+static void mm_tokens(kv_pool *p, int wt, const uint8_t *W, int rows, int64_t K, const float *xs,
+                      int t0, int T, float *y, int64_t ldy) {
+    uint8_t *scratch = xmalloc(kv_matmul_scratch_size(wt, K, T));
+    kv_matmul(p, wt, W, rows, K, xs + (int64_t)t0 * K, T, y, ldy, scratch);
+    free(scratch);
+}
+
+/* Rows [0, rows) of y (T, lda) against the same tokens in ref (.., ldr) from
+ * token off: how many (t, r) differ in any bit. */
+static int rows_differ(const float *y, int64_t lda, const float *ref, int64_t ldr, int off, int T,
+                       int rows) {
+    int bad = 0;
+    for (int t = 0; t < T; t++)
+        if (memcmp(y + t * lda, ref + (int64_t)(off + t) * ldr, (size_t)rows * 4) != 0) bad++;
+    return bad;
+}
+
+static void test_batch_invariance(void) {
+    /* odd row counts (tails of every row tile), K of the real models */
+    static const int Rs[] = {61, 7, 130, 1};
+    static const int K32[] = {576, 2048, 640, 1152, 96};
+    static const int K256[] = {2048, 512, 768, 1536};
+    static const int Kf[] = {576, 640, 67, 1152};
+    /* sub-batches: (first token, count), inside a batch of NT tokens */
+    static const int subs[][2] = {{3, 5}, {0, 8}, {1, 16}, {5, 17}, {9, 1}, {0, 4}, {2, 3}, {7, 31}};
+    const int NT = 128;
+    kv_pool *pools[2] = {NULL, NULL};
+    kv_error e;
+    for (int p = 0; p < 2; p++)
+        if (kv_pool_create(p + 1, &pools[p], &e) != KV_OK) { CHECK(0, "pool: %s", e.msg); return; }
+    for (int ti = 0; ti < N_WTYPES; ti++) {
+        int wt = k_wtypes[ti];
+        const int *Ks = blck(wt) == 256 ? K256 : blck(wt) == 32 ? K32 : Kf;
+        int bad_tok = 0, bad_sub = 0, bad_thr = 0;
+        for (int si = 0; si < 4; si++) {
+            int64_t K = Ks[si];
+            int rows = Rs[si];
+            size_t wrs = kv_row_size(wt, K);
+            float *wf = xmalloc((size_t)rows * K * 4), *x = xmalloc((size_t)NT * K * 4);
+            uint8_t *W = xmalloc(wrs * rows);
+            for (int64_t i = 0; i < rows * K; i++) wf[i] = nrand() * (1 + (i / K) % 3);
+            for (int r = 0; r < rows; r++) kv_quantize_row(wt, wf + r * K, W + r * wrs, K);
+            for (int64_t i = 0; i < NT * K; i++) x[i] = nrand() * (1 + (i / K) % 5);
+            int64_t ldy = rows + 5;
+            float *full = xmalloc((size_t)NT * ldy * 4), *full1 = xmalloc((size_t)NT * ldy * 4);
+            float *y = xmalloc((size_t)NT * ldy * 4);
+            mm_tokens(pools[1], wt, W, rows, K, x, 0, NT, full, ldy);
+            mm_tokens(pools[0], wt, W, rows, K, x, 0, NT, full1, ldy);
+            bad_thr += rows_differ(full1, ldy, full, ldy, 0, NT, rows);
+            /* every token alone (decode), 1 and 2 threads */
+            for (int t = 0; t < NT; t++)
+                for (int p = 0; p < 2; p++) {
+                    mm_tokens(pools[p], wt, W, rows, K, x, t, 1, y, rows);
+                    bad_tok += rows_differ(y, rows, full, ldy, t, 1, rows);
+                }
+            for (size_t k = 0; k < sizeof subs / sizeof subs[0]; k++)
+                for (int p = 0; p < 2; p++) {
+                    mm_tokens(pools[p], wt, W, rows, K, x, subs[k][0], subs[k][1], y, ldy);
+                    bad_sub += rows_differ(y, ldy, full, ldy, subs[k][0], subs[k][1], rows);
+                }
+            free(wf), free(x), free(W), free(full), free(full1), free(y);
+        }
+        CHECK(bad_tok == 0, "kv_matmul %s (%s): %d decoded token rows differ from the batch of %d",
+              tname(wt), kv_simd_name(), bad_tok, NT);
+        CHECK(bad_sub == 0, "kv_matmul %s (%s): %d token rows of sub-batches differ from the batch",
+              tname(wt), kv_simd_name(), bad_sub);
+        CHECK(bad_thr == 0, "kv_matmul %s (%s): %d token rows differ between 1 and 2 threads",
+              tname(wt), kv_simd_name(), bad_thr);
+    }
+    kv_pool_destroy(pools[0]);
+    kv_pool_destroy(pools[1]);
+}
+
 int main(void) {
     test_f16();
     test_fixture();
@@ -383,5 +462,6 @@ int main(void) {
     test_act_quant();
     test_dot();
     test_matmul();
+    test_batch_invariance();
     return kvt_finish();
 }
