@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kv_error.h"
 #include "gguf.h"
@@ -242,6 +243,21 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
  * the same bits a kv_session_eval of that token alone gives. All or
  * nothing: on failure no session has moved. */
 kv_status kv_decode_batch(kv_session *const *ss, const int32_t *ids, size_t n, float *logits, kv_error *e);
+
+/* Writes the session (tokens and K/V pages) to path: written aside, renamed
+ * over path once complete. key: 32 bytes (encrypted and authenticated with
+ * XChaCha20-Poly1305 secretstream), or NULL (a BLAKE2b checksum). */
+kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, kv_error *e);
+/* A new session from a file written by kv_session_save with this very
+ * model file (else "model fingerprint mismatch"), in cache (its types must
+ * match the file's) or a private pool; its context is the saved one or
+ * min_ctx, whichever is larger. Any alteration, truncation, reordering or
+ * appended data is an error, and nothing is kept of a failed restore. */
+kv_status kv_session_restore(kv_model *m, const char *path, const uint8_t *key, kv_cache *cache, int min_ctx,
+                             kv_session **out, kv_error *e);
+/* The same from an open stream (positioned at the start of the file). */
+kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cache *cache, int min_ctx,
+                                kv_session **out, kv_error *e);
 
 int kv_session_pos(const kv_session *s);
 int kv_session_ctx(const kv_session *s);

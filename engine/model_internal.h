@@ -93,6 +93,10 @@ bool kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float
 /* One forward pass over the next token of each of B <= KV_CHUNK sessions of
  * one model (weights read once; attention per session through its pages),
  * in seqs[0]'s scratch. logits: (B, n_vocab). Does not move any pos. */
+/* session.c, for kvfile.c: a session over pool with empty tables, and the
+ * bookkeeping after its tables and tokens were filled from a file. */
+kv_status kv_session_alloc(kv_model *m, int n_ctx, kv_cache *pool, kv_session **out, kv_error *e);
+void kv_session_after_restore(kv_session *s);
 bool kv_forward_batch(kv_session *const *seqs, const int32_t *ids, int B, float *logits);
 
 #endif

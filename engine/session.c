@@ -28,7 +28,7 @@
 
 /* ==== open, fork, close ======================================================= */
 
-static kv_status session_alloc(kv_model *m, int n_ctx, kv_cache *pool, kv_session **out, kv_error *e) {
+kv_status kv_session_alloc(kv_model *m, int n_ctx, kv_cache *pool, kv_session **out, kv_error *e) {
     const kv_model_info *in = &m->info;
     kv_backend *be = &m->be;
     kv_session *s = calloc(1, sizeof *s);
@@ -92,11 +92,11 @@ kv_status kv_session_open_p(kv_model *m, const kv_session_params *p, kv_session 
     kv_status st;
     if (pool) {
         if (pool->m != m) return kv_fail(e, KV_ERR_ARG, "session: the cache belongs to another model");
-        return session_alloc(m, p->n_ctx, pool, out, e);
+        return kv_session_alloc(m, p->n_ctx, pool, out, e);
     }
     kv_cache_params cp = {.page_tokens = 16, .ktype = p->ktype, .vtype = p->vtype, .prefix = true};
     if ((st = kv_pool_open(m, &cp, p->n_ctx, &pool, e))) return st;
-    st = session_alloc(m, p->n_ctx, pool, out, e);
+    st = kv_session_alloc(m, p->n_ctx, pool, out, e);
     kv_cache_close(pool); /* the session's view holds it now */
     return st;
 }
@@ -115,7 +115,7 @@ kv_status kv_session_fork(kv_session *s, kv_session **out, kv_error *e) {
     *out = NULL;
     if (!s) return kv_fail(e, KV_ERR_ARG, "fork: session is NULL");
     kv_session *f;
-    kv_status st = session_alloc(s->m, s->n_ctx, s->kv->pool, &f, e);
+    kv_status st = kv_session_alloc(s->m, s->n_ctx, s->kv->pool, &f, e);
     if (st) return st;
     kv_cache *c = s->kv->pool;
     f->pos = s->pos;
@@ -541,6 +541,20 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
         s->holes = true; /* pages before pos_before may have been swapped or dropped */
     }
     return st;
+}
+
+/* ==== restored sessions ============================================================ */
+
+/* A session whose tables and tokens were filled from a file: chain hashes
+ * and seals of its full pages, window bookkeeping; the next eval checks
+ * that the pages it needs are there. */
+void kv_session_after_restore(kv_session *s) {
+    kv_cache *c = pool_of(s);
+    s->n_chain = 0;
+    seal_full_pages(s);
+    for (int g = 0; g < c->n_groups; g++) s->win_lo[g] = 0;
+    drop_window_pages(s);
+    s->holes = true;
 }
 
 /* ==== batched decode ================================================================= */

@@ -782,6 +782,66 @@ static int l_session_fork(lua_State *L) {
     return 1;
 }
 
+/* The 'key' option: nil, or a string of exactly 32 bytes (raises otherwise). */
+static const uint8_t *l_opt_key(lua_State *L, int opts) {
+    if (l_opt_field(L, opts, "key") == LUA_TNIL) {
+        lua_pop(L, 1);
+        return NULL;
+    }
+    size_t n = 0;
+    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
+    if (!k || n != 32) luaL_error(L, "option 'key' must be a string of 32 bytes");
+    lua_pop(L, 1); /* the string stays referenced by the options table */
+    return (const uint8_t *)k;
+}
+
+/* s:save(path, { key = }) --> true | nil, err */
+static int l_session_save(lua_State *L) {
+    l_session *ls = l_session_check(L, 1);
+    size_t n;
+    const char *path = luaL_checklstring(L, 2, &n);
+    if (strlen(path) != n) luaL_argerror(L, 2, "path contains a NUL byte");
+    if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+    const uint8_t *key = l_opt_key(L, 3);
+    kv_error e = {{0}};
+    if (kv_session_save(ls->s, path, key, &e) != KV_OK) return l_fail(L, e.msg);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* kvlua.restore(model, path, { key =, cache =, ctx = }) --> session | nil, err */
+static int l_restore(lua_State *L) {
+    l_model *lm = l_model_check(L, 1);
+    size_t n;
+    const char *path = luaL_checklstring(L, 2, &n);
+    if (strlen(path) != n) luaL_argerror(L, 2, "path contains a NUL byte");
+    if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+    const uint8_t *key = l_opt_key(L, 3);
+    lua_Integer ctx = l_opt_int(L, 3, "ctx", 0);
+    if (ctx < 0 || ctx > (1 << 24)) luaL_error(L, "option 'ctx' out of range");
+    l_cache *lc = NULL;
+    int ci = 0;
+    if (l_opt_field(L, 3, "cache") != LUA_TNIL) {
+        lc = l_cache_check(L, -1);
+        ci = lua_gettop(L);
+        if (kv_cache_model(lc->c) != lm->m) luaL_error(L, "option 'cache': the cache belongs to another model");
+    } else {
+        lua_pop(L, 1);
+    }
+    l_session *ls = l_session_push(L, 1, ci);
+    kv_error e = {{0}};
+    kv_session *s = NULL;
+    l_cache_before_eval(L, lc);
+    kv_status st = kv_session_restore(lm->m, path, key, lc ? lc->c : NULL, (int)ctx, &s, &e);
+    l_cache_after_eval(L, lc);
+    if (st != KV_OK) return l_fail(L, e.msg);
+    ls->s = s;
+    ls->lm = lm;
+    ls->lc = lc;
+    lm->sessions++;
+    return 1;
+}
+
 static int l_session_tostring(lua_State *L) {
     l_session *ls = luaL_checkudata(L, 1, L_SESSION);
     if (!ls->s) lua_pushstring(L, "kvlua.Session (closed)");
@@ -797,6 +857,7 @@ static const luaL_Reg l_session_methods[] = {
     {"rewind", l_session_rewind},
     {"stats", l_session_stats},
     {"fork", l_session_fork},
+    {"save", l_session_save},
     {"close", l_session_gc},
     {NULL, NULL},
 };
@@ -945,6 +1006,7 @@ static const luaL_Reg l_funcs[] = {
     {"load", l_load},
     {"cache", l_cache_new},
     {"decode_batch", l_decode_batch},
+    {"restore", l_restore},
     {"devices", l_devices},
     {"logits", l_logits_new},
     {"utf8_complete", l_utf8_complete},

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzz the GGUF reader for SECONDS (default 60) with libFuzzer + ASan/UBSan.
+# Fuzz the GGUF reader, then the session-file reader, for SECONDS each
+# (default 60) with libFuzzer + ASan/UBSan.
 #
 #   tests/run-fuzz.sh [SECONDS]
 #
@@ -26,7 +27,7 @@ if [ "${KV_FUZZ_DIRECT:-0}" = 1 ]; then
     tests/fuzz_gguf.c engine/gguf.c engine/types.c engine/kv_error.c -o "$build/fuzz_gguf"
 else
   CC="$cc" cmake -S . -B "$build" -DKV_FUZZ=ON -DKV_TESTS=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
-  cmake --build "$build" --target fuzz_gguf -j2 >/dev/null
+  cmake --build "$build" --target fuzz_gguf fuzz_kvfile -j2 >/dev/null
 fi
 
 seeds=tests/fuzz-corpus/seeds
@@ -42,3 +43,12 @@ mkdir -p "$seeds" "$corpus" "$artifacts"
 "$build/fuzz_gguf" -max_len=65536 -max_total_time="$secs" -timeout=10 \
   -malloc_limit_mb=8 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix="$artifacts/" "$corpus" "$seeds"
+
+[ "${KV_FUZZ_DIRECT:-0}" = 1 ] && exit 0
+# session files: seeds saved by the target itself (its model is built in)
+kvseeds=tests/fuzz-corpus/kvfile-seeds
+kvcorpus=tests/fuzz-corpus/kvfile
+mkdir -p "$kvseeds" "$kvcorpus"
+KVFILE_SEEDS="$kvseeds" "$build/fuzz_kvfile" -max_len=65536 -max_total_time="$secs" -timeout=10 \
+  -malloc_limit_mb=64 -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix="$artifacts/" "$kvcorpus" "$kvseeds"

@@ -1,0 +1,418 @@
+/*
+ * kvfile.c — session files: a session's tokens and K/V pages on disk,
+ * restored bit for bit into a new session (same model file, same types).
+ *
+ * Layout:
+ *   "KVLUAKV1"  u32 version (1)  u32 flags (1: encrypted)
+ *   encrypted:  crypto_secretstream_xchacha20poly1305 header (24 bytes), then
+ *               records [u32 n][n bytes of ciphertext]; the first is
+ *               authenticated together with the 16 bytes above (additional
+ *               data), the last carries TAG_FINAL; nothing may follow it.
+ *   plain:      records [u32 n][n bytes], then [u32 0][BLAKE2b-256 of the 16
+ *               bytes above and every record, lengths included]; nothing may
+ *               follow it.
+ * The records' payloads, concatenated, are the stream:
+ *   u8[32] model fingerprint; u32 ktype, vtype, page_tokens, n_groups,
+ *   n_layer, n_head_kv, head_dim, head_dim_v, n_ctx, n_tokens, n_pages;
+ *   u32 window[n_groups]; i32 tokens[n_tokens];
+ *   n_pages x (u32 group, u32 logical page, the page's bytes: for each layer
+ *   of the group and each KV head, pt K rows then pt V rows).
+ * Records hold at most 1 MiB, so a large session is streamed straight from
+ * and into its pages without a second copy. Everything little-endian.
+ *
+ * Writing goes to a temporary file beside the target, renamed over it only
+ * once complete; every failure removes it. Reading checks every count
+ * against the model and the file before it allocates, and any failure
+ * frees what the restore took: the live cache and sessions do not change
+ * (except pages evicted to make room, as any prefill may).
+ */
+#include "model_internal.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "types.h"
+
+#define KVF_MAGIC "KVLUAKV1"
+#define KVF_VERSION 1u
+#define KVF_CHUNK ((size_t)1 << 20)
+#define KVF_ABYTES crypto_secretstream_xchacha20poly1305_ABYTES
+
+/* ==== record streams ========================================================= */
+
+typedef struct {
+    FILE *f;
+    bool enc;
+    crypto_secretstream_xchacha20poly1305_state ss;
+    crypto_generichash_state hs; /* plain: over everything written */
+    uint8_t pre[16];             /* magic, version, flags: the first record's additional data */
+    bool first;
+    uint8_t *buf, *cbuf;         /* (KVF_CHUNK) payload, (KVF_CHUNK + ABYTES) ciphertext */
+    size_t n;                    /* bytes in buf */
+    bool eof;                    /* reader: the final record was read */
+    size_t pos;                  /* reader: next byte of buf */
+    kv_error *e;
+    kv_status st;
+} kvf_stream;
+
+static kv_status io_fail(kvf_stream *s, const char *what) {
+    if (s->st == KV_OK) s->st = kv_fail(s->e, KV_ERR_IO, "kv file: %s: %s", what, errno ? strerror(errno) : "error");
+    return s->st;
+}
+
+static kv_status fmt_fail(kvf_stream *s, const char *msg) {
+    if (s->st == KV_OK) s->st = kv_fail(s->e, KV_ERR_FORMAT, "kv file: %s", msg);
+    return s->st;
+}
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Writes the buffered payload as one record (final: the last one). */
+static kv_status w_flush(kvf_stream *s, bool final) {
+    if (s->st) return s->st;
+    uint8_t len[4];
+    const uint8_t *out = s->buf;
+    size_t n = s->n;
+    if (s->enc) {
+        unsigned long long cl = 0;
+        crypto_secretstream_xchacha20poly1305_push(&s->ss, s->cbuf, &cl, s->buf, s->n, s->first ? s->pre : NULL,
+                                                   s->first ? sizeof s->pre : 0,
+                                                   final ? crypto_secretstream_xchacha20poly1305_TAG_FINAL : 0);
+        out = s->cbuf, n = (size_t)cl;
+    }
+    put_u32(len, (uint32_t)n);
+    if (fwrite(len, 4, 1, s->f) != 1 || (n && fwrite(out, 1, n, s->f) != n)) return io_fail(s, "write");
+    if (!s->enc) {
+        crypto_generichash_update(&s->hs, len, 4);
+        crypto_generichash_update(&s->hs, out, n);
+    }
+    s->first = false;
+    s->n = 0;
+    return KV_OK;
+}
+
+static kv_status w_bytes(kvf_stream *s, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n && !s->st) {
+        if (s->n == KVF_CHUNK && w_flush(s, false)) break;
+        size_t k = KVF_CHUNK - s->n < n ? KVF_CHUNK - s->n : n;
+        memcpy(s->buf + s->n, b, k);
+        s->n += k, b += k, n -= k;
+    }
+    return s->st;
+}
+
+static kv_status w_u32(kvf_stream *s, uint32_t v) {
+    uint8_t b[4];
+    put_u32(b, v);
+    return w_bytes(s, b, 4);
+}
+
+/* Plain files end with [u32 0] and the hash of everything before it. */
+static kv_status r_checksum(kvf_stream *s) {
+    uint8_t want[32], got[32];
+    crypto_generichash_final(&s->hs, want, sizeof want);
+    if (fread(got, 32, 1, s->f) != 1) return fmt_fail(s, "truncated (no checksum)");
+    if (sodium_memcmp(want, got, 32) != 0) return fmt_fail(s, "checksum mismatch (altered, reordered or damaged)");
+    s->eof = true;
+    return KV_OK;
+}
+
+/* Reads the next record into buf. */
+static kv_status r_fill(kvf_stream *s) {
+    if (s->st) return s->st;
+    if (s->eof) return fmt_fail(s, "truncated (the stream ends before what the header promises)");
+    uint8_t len[4];
+    if (fread(len, 4, 1, s->f) != 1) return fmt_fail(s, "truncated (no final record)");
+    size_t n = get_u32(len);
+    if (n > KVF_CHUNK + KVF_ABYTES) return fmt_fail(s, "record larger than allowed");
+    if (!s->enc && n == 0) { /* the end came before the data did */
+        if (r_checksum(s)) return s->st;
+        return fmt_fail(s, "truncated (the stream ends before what the header promises)");
+    }
+    uint8_t *dst = s->enc ? s->cbuf : s->buf;
+    if (n && fread(dst, 1, n, s->f) != n) return fmt_fail(s, "truncated record");
+    if (s->enc) {
+        unsigned long long ml = 0;
+        unsigned char tag = 0;
+        if (n < KVF_ABYTES ||
+            crypto_secretstream_xchacha20poly1305_pull(&s->ss, s->buf, &ml, &tag, s->cbuf, n, s->first ? s->pre : NULL,
+                                                       s->first ? sizeof s->pre : 0) != 0)
+            return fmt_fail(s, "decryption failed (wrong key, or the file was altered)");
+        s->n = (size_t)ml;
+        if (tag == crypto_secretstream_xchacha20poly1305_TAG_FINAL) s->eof = true;
+    } else {
+        crypto_generichash_update(&s->hs, len, 4);
+        crypto_generichash_update(&s->hs, dst, n);
+        s->n = n;
+    }
+    s->first = false;
+    s->pos = 0;
+    return KV_OK;
+}
+
+static kv_status r_bytes(kvf_stream *s, void *p, size_t n) {
+    uint8_t *b = p;
+    while (n && !s->st) {
+        if (s->pos == s->n && r_fill(s)) break;
+        size_t k = s->n - s->pos < n ? s->n - s->pos : n;
+        memcpy(b, s->buf + s->pos, k);
+        s->pos += k, b += k, n -= k;
+    }
+    return s->st;
+}
+
+static uint32_t r_u32(kvf_stream *s) {
+    uint8_t b[4] = {0};
+    r_bytes(s, b, 4);
+    return get_u32(b);
+}
+
+/* After the last page: the stream must end exactly here. */
+static kv_status r_end(kvf_stream *s) {
+    if (s->st) return s->st;
+    if (s->pos != s->n) return fmt_fail(s, "more data than the header promises");
+    if (!s->enc) {
+        uint8_t len[4];
+        if (fread(len, 4, 1, s->f) != 1) return fmt_fail(s, "truncated (no checksum)");
+        if (get_u32(len) != 0) return fmt_fail(s, "more records than the header promises");
+        if (r_checksum(s)) return s->st;
+    } else if (!s->eof) {
+        return fmt_fail(s, "more records than the header promises");
+    }
+    if (fgetc(s->f) != EOF) return fmt_fail(s, "data after the end of the stream");
+    return KV_OK;
+}
+
+static kv_status stream_init(kvf_stream *s, FILE *f, bool enc, kv_error *e) {
+    memset(s, 0, sizeof *s);
+    s->f = f, s->enc = enc, s->e = e, s->first = true;
+    s->buf = malloc(KVF_CHUNK);
+    s->cbuf = enc ? malloc(KVF_CHUNK + KVF_ABYTES) : NULL;
+    if (!s->buf || (enc && !s->cbuf)) return kv_fail(e, KV_ERR_NOMEM, "kv file: out of memory");
+    memcpy(s->pre, KVF_MAGIC, 8);
+    put_u32(s->pre + 8, KVF_VERSION);
+    put_u32(s->pre + 12, enc ? 1u : 0u);
+    crypto_generichash_init(&s->hs, NULL, 0, 32);
+    crypto_generichash_update(&s->hs, s->pre, sizeof s->pre);
+    return KV_OK;
+}
+
+static void stream_free(kvf_stream *s) {
+    if (s->buf) sodium_memzero(s->buf, KVF_CHUNK);
+    free(s->buf);
+    free(s->cbuf);
+    sodium_memzero(&s->ss, sizeof s->ss);
+}
+
+/* ==== save ==================================================================== */
+
+kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, kv_error *e) {
+    if (!s || !path) return kv_fail(e, KV_ERR_ARG, "save: session or path is NULL");
+    if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "save: libsodium failed to initialize");
+    const kv_cache *c = s->kv->pool;
+    uint8_t fp[32];
+    kv_status st = kv_model_fingerprint(s->m, fp, NULL, e);
+    if (st) return st;
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    if (!tmp) return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+    snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        st = kv_fail(e, KV_ERR_IO, "save: cannot create a file beside %s: %s", path, strerror(errno));
+        free(tmp);
+        return st;
+    }
+    FILE *f = fdopen(fd, "wb");
+    kvf_stream w;
+    st = f ? stream_init(&w, f, key != NULL, e) : kv_fail(e, KV_ERR_IO, "save: %s", strerror(errno));
+    if (st == KV_OK) {
+        errno = 0;
+        if (fwrite(w.pre, sizeof w.pre, 1, f) != 1) io_fail(&w, "write");
+        if (key && !w.st) {
+            uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
+            crypto_secretstream_xchacha20poly1305_init_push(&w.ss, hdr, key);
+            if (fwrite(hdr, sizeof hdr, 1, f) != 1) io_fail(&w, "write");
+        }
+        /* header */
+        uint32_t n_pages = 0;
+        for (int g = 0; g < c->n_groups; g++)
+            for (int lp = 0; lp < s->kv->n_lp; lp++) n_pages += s->kv->tab[g][lp] >= 0;
+        const kv_model_info *in = &s->m->info;
+        w_bytes(&w, fp, 32);
+        const uint32_t hv[11] = {(uint32_t)c->ktype, (uint32_t)c->vtype, (uint32_t)c->pt, (uint32_t)c->n_groups,
+                                 (uint32_t)in->n_layer, (uint32_t)in->n_head_kv, (uint32_t)in->head_dim,
+                                 (uint32_t)in->head_dim_v, (uint32_t)s->n_ctx, (uint32_t)s->pos, n_pages};
+        for (int i = 0; i < 11; i++) w_u32(&w, hv[i]);
+        for (int g = 0; g < c->n_groups; g++) w_u32(&w, (uint32_t)c->groups[g].window);
+        for (int i = 0; i < s->pos; i++) w_u32(&w, (uint32_t)s->tokens[i]);
+        /* pages, straight from the pool */
+        for (int g = 0; g < c->n_groups && !w.st; g++)
+            for (int lp = 0; lp < s->kv->n_lp && !w.st; lp++) {
+                int32_t id = s->kv->tab[g][lp];
+                if (id < 0) continue;
+                w_u32(&w, (uint32_t)g);
+                w_u32(&w, (uint32_t)lp);
+                for (int li = 0; li < c->groups[g].n_layers; li++)
+                    for (int h = 0; h < c->n_kv; h++) {
+                        w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, false), (size_t)c->pt * c->krow);
+                        w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, true), (size_t)c->pt * c->vrow);
+                    }
+            }
+        if (key || w.n) w_flush(&w, true); /* plain: no empty record (it would read as the end) */
+        if (!key && !w.st) { /* the checksum record */
+            uint8_t end[4] = {0}, h[32];
+            crypto_generichash_final(&w.hs, h, sizeof h);
+            if (fwrite(end, 4, 1, f) != 1 || fwrite(h, 32, 1, f) != 1) io_fail(&w, "write");
+        }
+        if (!w.st && (fflush(f) != 0 || fsync(fileno(f)) != 0)) io_fail(&w, "write");
+        st = w.st;
+        stream_free(&w);
+    }
+    if (f) {
+        if (fclose(f) != 0 && st == KV_OK) st = kv_fail(e, KV_ERR_IO, "save: %s: %s", path, strerror(errno));
+    } else {
+        close(fd);
+    }
+    if (st == KV_OK && rename(tmp, path) != 0) st = kv_fail(e, KV_ERR_IO, "save: cannot rename to %s: %s", path, strerror(errno));
+    if (st != KV_OK) unlink(tmp);
+    free(tmp);
+    return st;
+}
+
+/* ==== restore =================================================================== */
+
+kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cache *cache, int min_ctx,
+                                kv_session **out, kv_error *e) {
+    *out = NULL;
+    if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "restore: libsodium failed to initialize");
+    if (!m->info.has_weights) return kv_fail(e, KV_ERR_ARG, "restore: the model has no weights");
+    uint8_t pre[16];
+    if (fread(pre, 16, 1, f) != 1 || memcmp(pre, KVF_MAGIC, 8) != 0)
+        return kv_fail(e, KV_ERR_FORMAT, "kv file: not a kvlua session file (bad magic)");
+    uint32_t version = get_u32(pre + 8), flags = get_u32(pre + 12);
+    if (version > KVF_VERSION)
+        return kv_fail(e, KV_ERR_UNSUPPORTED, "kv file: format version %u is newer than this kvlua reads (%u)", version,
+                       KVF_VERSION);
+    if (version == 0 || flags > 1) return kv_fail(e, KV_ERR_FORMAT, "kv file: bad version or flags");
+    bool enc = flags & 1;
+    if (enc && !key) return kv_fail(e, KV_ERR_ARG, "kv file: the file is encrypted: a key is needed");
+    if (!enc && key) return kv_fail(e, KV_ERR_FORMAT, "kv file: the file is not encrypted, but a key was given");
+    kvf_stream r;
+    kv_status st = stream_init(&r, f, enc, e);
+    kv_session *s = NULL;
+    kv_cache *pool = NULL;
+    if (st) goto done;
+    if (enc) {
+        uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
+        if (fread(hdr, sizeof hdr, 1, f) != 1 || crypto_secretstream_xchacha20poly1305_init_pull(&r.ss, hdr, key) != 0) {
+            st = kv_fail(e, KV_ERR_FORMAT, "kv file: truncated or bad stream header");
+            goto done;
+        }
+    }
+    uint8_t fp[32], mine[32];
+    r_bytes(&r, fp, 32);
+    uint32_t hv[11];
+    for (int i = 0; i < 11; i++) hv[i] = r_u32(&r);
+    if ((st = r.st)) goto done;
+    if ((st = kv_model_fingerprint(m, mine, NULL, e))) goto done;
+    if (sodium_memcmp(fp, mine, 32) != 0) {
+        st = kv_fail(e, KV_ERR_ARG, "model fingerprint mismatch (the file was saved with another model file)");
+        goto done;
+    }
+    const kv_model_info *in = &m->info;
+    const int kt = (int)hv[0], vt = (int)hv[1], pt = (int)hv[2], n_groups = (int)hv[3];
+    const uint32_t n_ctx = hv[8], n_tokens = hv[9], n_pages = hv[10];
+    if (hv[4] != (uint32_t)in->n_layer || hv[5] != (uint32_t)in->n_head_kv || hv[6] != (uint32_t)in->head_dim ||
+        hv[7] != (uint32_t)in->head_dim_v || n_ctx == 0 || n_ctx > (1u << 24) || n_tokens > n_ctx ||
+        n_groups < 1 || n_groups > KV_MAX_GROUPS || pt <= 0 || pt > 65536 || (pt & (pt - 1))) {
+        st = fmt_fail(&r, "header does not describe a session of this model");
+        goto done;
+    }
+    int ctx = (int)n_ctx > min_ctx ? (int)n_ctx : min_ctx;
+    if (cache) {
+        if (cache->m != m) {
+            st = kv_fail(e, KV_ERR_ARG, "restore: the cache belongs to another model");
+            goto done;
+        }
+        if (cache->ktype != kt || cache->vtype != vt || cache->pt != pt) {
+            st = kv_fail(e, KV_ERR_ARG, "restore: the file's K/V types or page size differ from the cache's");
+            goto done;
+        }
+        pool = cache;
+        kv_cache_retain(pool);
+    } else {
+        kv_cache_params cp = {.page_tokens = pt, .ktype = kt, .vtype = vt, .prefix = true};
+        if ((st = kv_pool_open(m, &cp, ctx, &pool, e))) goto done;
+    }
+    if (pool->n_groups != n_groups) {
+        st = fmt_fail(&r, "layer groups differ from the model's");
+        goto done;
+    }
+    for (int g = 0; g < n_groups; g++)
+        if (r_u32(&r) != (uint32_t)pool->groups[g].window) {
+            st = fmt_fail(&r, "attention windows differ from the model's");
+            goto done;
+        }
+    if ((st = kv_session_alloc(m, ctx, pool, &s, e))) goto done;
+    for (uint32_t i = 0; i < n_tokens && !r.st; i++) {
+        uint32_t id = r_u32(&r);
+        if (id >= (uint32_t)in->n_vocab) fmt_fail(&r, "token id out of range");
+        s->tokens[i] = (int32_t)id;
+    }
+    if (n_pages > (uint32_t)n_groups * (uint32_t)s->kv->n_lp) fmt_fail(&r, "more pages than the session can hold");
+    for (uint32_t k = 0; k < n_pages && !r.st; k++) {
+        uint32_t g = r_u32(&r), lp = r_u32(&r);
+        if (r.st) break;
+        if (g >= (uint32_t)n_groups || lp >= (uint32_t)s->kv->n_lp || (uint64_t)lp * pt >= n_tokens ||
+            s->kv->tab[g][lp] >= 0) {
+            fmt_fail(&r, "a page out of place (group, index, or twice)");
+            break;
+        }
+        int32_t id;
+        if ((st = kv_pool_take(pool, (int)g, 1, &id, e))) {
+            r.st = st;
+            break;
+        }
+        s->kv->tab[g][lp] = id;
+        pool->groups[g].pages[id].lp = (int32_t)lp;
+        for (int li = 0; li < pool->groups[g].n_layers && !r.st; li++)
+            for (int h = 0; h < pool->n_kv && !r.st; h++) {
+                r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, false), (size_t)pt * pool->krow);
+                r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, true), (size_t)pt * pool->vrow);
+            }
+    }
+    if ((st = r.st) || (st = r_end(&r))) goto done;
+    s->pos = (int)n_tokens;
+    kv_session_after_restore(s);
+    *out = s;
+    s = NULL;
+done:
+    if (r.buf) stream_free(&r);
+    kv_session_close(s); /* releases every page it took */
+    if (pool) kv_cache_close(pool);
+    return st;
+}
+
+kv_status kv_session_restore(kv_model *m, const char *path, const uint8_t *key, kv_cache *cache, int min_ctx,
+                             kv_session **out, kv_error *e) {
+    if (!out) return kv_fail(e, KV_ERR_ARG, "restore: out is NULL");
+    *out = NULL;
+    if (!m || !path) return kv_fail(e, KV_ERR_ARG, "restore: model or path is NULL");
+    FILE *f = fopen(path, "rb");
+    if (!f) return kv_fail(e, KV_ERR_IO, "restore: %s: %s", path, strerror(errno));
+    kv_status st = kv_session_restore_fp(m, f, key, cache, min_ctx, out, e);
+    fclose(f);
+    return st;
+}
