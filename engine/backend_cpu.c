@@ -353,8 +353,8 @@ static void store_row(const cpu_ctx *c, int type, void *dst, const float *src, i
         }
 #endif
         kv_f32_to_f16_row(src, dst, n);
-    } else if (type == KV_TYPE_Q8_0) {
-        kv_quantize_row(KV_TYPE_Q8_0, src, dst, n);
+    } else if (type == KV_TYPE_Q8_0 || type == KV_TYPE_Q4_0) {
+        kv_quantize_row(type, src, dst, n);
     } else {
         memcpy(dst, src, (size_t)n * sizeof(float));
     }
@@ -405,6 +405,17 @@ static void axpy_v_scalar(float *acc, const void *vrow, int vtype, float p, int 
     if (vtype == KV_TYPE_F16) {
         const uint16_t *v = vrow;
         for (int i = 0; i < n; i++) acc[i] += p * kv_f16_to_f32(v[i]);
+    } else if (vtype == KV_TYPE_Q4_0) { /* 32 values: f16 scale, 16 bytes of nibbles (low: 0-15, high: 16-31) */
+        const uint8_t *b = vrow;
+        for (int i0 = 0; i0 < n; i0 += 32, b += 18) {
+            uint16_t dh;
+            memcpy(&dh, b, 2);
+            const float pd = p * kv_f16_to_f32(dh);
+            for (int i = 0; i < 16; i++) {
+                acc[i0 + i] += pd * (float)((b[2 + i] & 0x0F) - 8);
+                acc[i0 + 16 + i] += pd * (float)((b[2 + i] >> 4) - 8);
+            }
+        }
     } else if (vtype == KV_TYPE_Q8_0) {
         const uint8_t *b = vrow;
         for (int i0 = 0; i0 < n; i0 += 32, b += 34) {
@@ -433,6 +444,16 @@ KV_AVX2 static inline float hsum256(__m256 v) {
 KV_AVX2 static inline __m256 kv_load8(const uint8_t *row, int t, int i) {
     if (t == KV_TYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
     if (t == KV_TYPE_F32) return _mm256_loadu_ps((const float *)row + i);
+    if (t == KV_TYPE_Q4_0) { /* values j..j+7 of a block: low nibbles of bytes j.., or high ones of j-16.. */
+        const uint8_t *b = row + (size_t)(i >> 5) * 18;
+        const int j = i & 31;
+        uint16_t dh;
+        memcpy(&dh, b, 2);
+        __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + (j & 15)));
+        q = j < 16 ? _mm_and_si128(q, _mm_set1_epi8(0x0F)) : _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F));
+        __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(_cvtsh_ss(dh)));
+    }
     const uint8_t *b = row + (size_t)(i >> 5) * 34;
     uint16_t dh;
     memcpy(&dh, b, 2);
@@ -613,8 +634,8 @@ static void att_scores_scalar(float *s, const float *qf, int R, int hd, const ui
         const void *kj = K + (size_t)j * kr;
         if (kt == KV_TYPE_F16) {
             for (int i = 0; i < hd; i++) kf[i] = kv_f16_to_f32(((const uint16_t *)kj)[i]);
-        } else if (kt == KV_TYPE_Q8_0) {
-            kv_dequantize_row(KV_TYPE_Q8_0, kj, kf, hd);
+        } else if (kt == KV_TYPE_Q8_0 || kt == KV_TYPE_Q4_0) {
+            kv_dequantize_row(kt, kj, kf, hd);
         } else {
             memcpy(kf, kj, sizeof(float) * hd);
         }
@@ -734,6 +755,15 @@ KV_AVX2 static void att_pv_avx2(float *acc, const float *p, int R, int hdv, cons
 KV_AVX512 static inline __m512 row16(const uint8_t *row, int t, int i) {
     if (t == KV_TYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
     if (t == KV_TYPE_F32) return _mm512_loadu_ps((const float *)row + i);
+    if (t == KV_TYPE_Q4_0) { /* values 0-15 of a block: low nibbles; 16-31: high nibbles */
+        const uint8_t *b = row + (size_t)(i >> 5) * 18;
+        uint16_t dh;
+        memcpy(&dh, b, 2);
+        __m128i q = _mm_loadu_si128((const __m128i *)(b + 2));
+        q = (i & 31) ? _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F)) : _mm_and_si128(q, _mm_set1_epi8(0x0F));
+        __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(_cvtsh_ss(dh)));
+    }
     const uint8_t *b = row + (size_t)(i >> 5) * 34; /* Q8_0 */
     uint16_t dh;
     memcpy(&dh, b, 2);
@@ -934,6 +964,8 @@ KV_AVX512 static void att_scores_r4_avx512(float *s, const float *qf, int R, int
         SCORES_RK(KV_TYPE_F16)
     } else if (kt == KV_TYPE_Q8_0) {
         SCORES_RK(KV_TYPE_Q8_0)
+    } else if (kt == KV_TYPE_Q4_0) {
+        SCORES_RK(KV_TYPE_Q4_0)
     } else {
         SCORES_RK(KV_TYPE_F32)
     }
@@ -996,6 +1028,8 @@ KV_AVX512 static void att_pv_r4_avx512(float *acc, const float *p, int R, int hd
         PV_R4_TYPE(KV_TYPE_F16)
     else if (vt == KV_TYPE_Q8_0)
         PV_R4_TYPE(KV_TYPE_Q8_0)
+    else if (vt == KV_TYPE_Q4_0)
+        PV_R4_TYPE(KV_TYPE_Q4_0)
     else
         PV_R4_TYPE(KV_TYPE_F32)
 #undef PV_R4_TYPE

@@ -240,7 +240,7 @@ void kv_cache_close(kv_cache *c) {
     if (c && --c->refs == 0) pool_free(c);
 }
 
-static bool type_ok(int t) { return t == KV_TYPE_F16 || t == KV_TYPE_F32 || t == KV_TYPE_Q8_0; }
+static bool type_ok(int t) { return t == KV_TYPE_F16 || t == KV_TYPE_F32 || t == KV_TYPE_Q8_0 || t == KV_TYPE_Q4_0; }
 
 /* Pages a session of n_ctx positions holds at most in group G (a window
  * group: the window plus one prefill chunk, page-aligned on both ends). */
@@ -263,13 +263,13 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
     for (int i = 0; i < 2; i++) {
         if (!type_ok(types[i])) {
             const kv_type_traits *tr = kv_type_traits_get(types[i]);
-            return kv_fail(e, KV_ERR_UNSUPPORTED, "kv cache: %s type %s not supported (F16, F32 or Q8_0)",
+            return kv_fail(e, KV_ERR_UNSUPPORTED, "kv cache: %s type %s not supported (F16, F32, Q8_0 or Q4_0)",
                            i ? "V" : "K", tr ? tr->name : "unknown");
         }
-        if (types[i] == KV_TYPE_Q8_0 && dims[i] % 32 != 0)
+        if ((types[i] == KV_TYPE_Q8_0 || types[i] == KV_TYPE_Q4_0) && dims[i] % 32 != 0)
             return kv_fail(e, KV_ERR_UNSUPPORTED,
-                           "kv cache: Q8_0 needs a head size that is a multiple of 32 (%s head size %d)",
-                           i ? "V" : "K", dims[i]);
+                           "kv cache: %s needs a head size that is a multiple of 32 (%s head size %d)",
+                           types[i] == KV_TYPE_Q8_0 ? "Q8_0" : "Q4_0", i ? "V" : "K", dims[i]);
     }
     if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "cache: libsodium failed to initialize");
     kv_cache *c = calloc(1, sizeof *c);

@@ -245,8 +245,25 @@ static void ref_q8_0_round(double *v, int n) {
     }
 }
 
-/* kv_q8: K and V go through a Q8_0 cache (ref_q8_0_round). */
-static void ref_forward(const cfg *c, const weights *w, const int32_t *ids, int N, float *logits, bool kv_q8) {
+/* The same through a Q4_0 row: d = (the value of largest magnitude) / -8 as
+ * f16, q = min(15, trunc(x / d + 8.5)), value (q - 8) d (ggml's reference). */
+static void ref_q4_0_round(double *v, int n) {
+    for (int b = 0; b < n; b += 32) {
+        float amax = 0, mx = 0;
+        for (int i = 0; i < 32; i++)
+            if (fabsf((float)v[b + i]) > amax) amax = fabsf((float)v[b + i]), mx = (float)v[b + i];
+        float d = mx / -8, id = d != 0 ? 1.0f / d : 0.0f;
+        double dh = kv_f16_to_f32(kv_f32_to_f16(d));
+        for (int i = 0; i < 32; i++) {
+            int q = (int)((float)v[b + i] * id + 8.5f);
+            v[b + i] = ((q > 15 ? 15 : q) - 8) * dh;
+        }
+    }
+}
+
+/* kv_q8: K and V go through a quantized cache of that type (KV_TYPE_Q8_0 or
+ * KV_TYPE_Q4_0; 0: exact). */
+static void ref_forward(const cfg *c, const weights *w, const int32_t *ids, int N, float *logits, int kv_q8) {
     const int E = c->n_embd, H = c->n_head, KH = c->n_kv, hd = c->head_dim, F = c->n_ff, V = c->n_vocab;
     const bool gemma = is_gemma(c), neox = gemma || is_qwen(c);
     const double eps = 1e-5;
@@ -280,8 +297,9 @@ static void ref_forward(const cfg *c, const weights *w, const int32_t *ids, int 
                 if (gemma) ref_rmsnorm(k, k, w->l[il].k_norm, hd, eps);
                 ref_rope(k, hd, t, base, rscale, w->rope_freqs, neox);
                 if (kv_q8) {
-                    ref_q8_0_round(k, hd);
-                    ref_q8_0_round(Vv + ((size_t)t * KH + hh) * hd, hd);
+                    void (*round_row)(double *, int) = kv_q8 == KV_TYPE_Q4_0 ? ref_q4_0_round : ref_q8_0_round;
+                    round_row(k, hd);
+                    round_row(Vv + ((size_t)t * KH + hh) * hd, hd);
                 }
             }
         }
@@ -385,27 +403,33 @@ static void check_forward(const char *name, cfg c, int N, double tol) {
     make_ids(ids, N, V);
     float *ref = malloc(sizeof(float) * N * V), *all = malloc(sizeof(float) * N * V);
     float *last = malloc(sizeof(float) * V), *step = malloc(sizeof(float) * N * V);
-    ref_forward(&c, &w, ids, N, ref, false);
-    float *ref_q8 = NULL;
+    ref_forward(&c, &w, ids, N, ref, 0);
+    float *ref_q8 = NULL, *ref_q4 = NULL;
     if (c.head_dim % 32 == 0) {
         ref_q8 = malloc(sizeof(float) * N * V);
-        ref_forward(&c, &w, ids, N, ref_q8, true);
+        ref_forward(&c, &w, ids, N, ref_q8, KV_TYPE_Q8_0);
+        ref_q4 = malloc(sizeof(float) * N * V);
+        ref_forward(&c, &w, ids, N, ref_q4, KV_TYPE_Q4_0);
     }
 
-    for (int kvt = 0; kvt < 3; kvt++) {
-        const int types[3] = {KV_TYPE_F16, KV_TYPE_F32, KV_TYPE_Q8_0};
-        const char *names[3] = {"f16 kv", "f32 kv", "q8_0 kv"};
+    for (int kvt = 0; kvt < 4; kvt++) {
+        const int types[4] = {KV_TYPE_F16, KV_TYPE_F32, KV_TYPE_Q8_0, KV_TYPE_Q4_0};
+        const char *names[4] = {"f16 kv", "f32 kv", "q8_0 kv", "q4_0 kv"};
         /* Q8_0: against a reference whose K/V go through Q8_0 too (in
          * doubles, so a few values land on the other side of a rounding
          * step: a looser bound) */
-        const double tols[3] = {tol, tol / 4, tol * 2.5};
+        /* Q4_0: a value on the other side of a rounding step moves by 1/8 of
+         * its block's largest magnitude, 16 times a Q8_0 step; the check that
+         * the engine is nearer its reference than the exact pass keeps it honest */
+        const double tols[4] = {tol, tol / 4, tol * 2.5, tol * 20};
+        const bool quant = types[kvt] == KV_TYPE_Q8_0 || types[kvt] == KV_TYPE_Q4_0;
         int ktype = types[kvt];
         const char *kn = names[kvt];
         double t = tols[kvt];
         kv_session *s = NULL;
         kv_status so = kv_session_open_ex(m, N + 4, ktype, ktype, &s, &e);
-        if (ktype == KV_TYPE_Q8_0 && c.head_dim % 32 != 0) {
-            snprintf(label, sizeof label, "%s: q8_0 kv refused for head size %d", name, c.head_dim);
+        if (quant && c.head_dim % 32 != 0) {
+            snprintf(label, sizeof label, "%s: %s refused for head size %d", name, kn, c.head_dim);
             report(so == KV_ERR_UNSUPPORTED && strstr(e.msg, "multiple of 32"), label, "status %d (%s)", so, e.msg);
             kv_session_close(s);
             continue;
@@ -416,14 +440,14 @@ static void check_forward(const char *name, cfg c, int N, double tol) {
             continue;
         }
         /* prefill, all rows */
-        const float *want = ktype == KV_TYPE_Q8_0 ? ref_q8 : ref;
+        const float *want = ktype == KV_TYPE_Q8_0 ? ref_q8 : ktype == KV_TYPE_Q4_0 ? ref_q4 : ref;
         kv_status st = kv_session_eval(s, ids, N, KV_LOGITS_ALL, all, &e);
         double err = st ? 1e9 : rel_err(all, want, (size_t)N * V);
         snprintf(label, sizeof label, "%s: prefill %d, all logits vs reference (%s)", name, N, kn);
         report(st == KV_OK && err <= t, label, "status %d (%s), rel err %.3g > %.3g", st, e.msg, err, t);
-        if (ktype == KV_TYPE_Q8_0) { /* and nearer it than the exact forward pass */
+        if (quant) { /* and nearer it than the exact forward pass */
             double exact = st ? 1e9 : rel_err(all, ref, (size_t)N * V);
-            snprintf(label, sizeof label, "%s: q8_0 kv nearer the q8_0 reference than the exact one", name);
+            snprintf(label, sizeof label, "%s: %s nearer its reference than the exact one", name, kn);
             report(err < exact, label, "%.3g vs %.3g", err, exact);
         }
         /* prefill, last row */
@@ -452,7 +476,7 @@ static void check_forward(const char *name, cfg c, int N, double tol) {
         snprintf(label, sizeof label, "%s: rewind %d and re-eval == decode (%s)", name, N - half, kn);
         /* Q8_0 K: decode of small groups takes int8 dot products with the query
          * quantized too (VNNI), prefill blocks float ones: a little further apart */
-        report(st == KV_OK && err <= (ktype == KV_TYPE_Q8_0 ? 2e-3 : 5e-4), label, "status %d, err %.3g", st, err);
+        report(st == KV_OK && err <= (quant ? 2e-3 : 5e-4), label, "status %d, err %.3g", st, err);
         const int32_t *toks = kv_session_tokens(s);
         ok = kv_session_pos(s) == N && memcmp(toks, ids, sizeof(int32_t) * N) == 0;
         snprintf(label, sizeof label, "%s: session tokens (%s)", name, kn);
@@ -465,7 +489,7 @@ static void check_forward(const char *name, cfg c, int N, double tol) {
         double d = rel_err(ref_q8, ref, (size_t)N * V);
         report(d > tol / 4, label, "rel diff %.3g", d);
     }
-    free(ids), free(ref), free(ref_q8), free(all), free(last), free(step);
+    free(ids), free(ref), free(ref_q8), free(ref_q4), free(all), free(last), free(step);
     weights_free(&w);
 }
 
@@ -1005,6 +1029,7 @@ int main(void) {
         x.n_embd = 64, x.head_dim = 32, x.n_head = 4, x.n_kv = 2;
         check_exact("exact llama q4_0", x, 150, KV_TYPE_F16);
         check_exact("exact llama q4_0, q8_0 kv", x, 150, KV_TYPE_Q8_0);
+        check_exact("exact llama q4_0, q4_0 kv", x, 150, KV_TYPE_Q4_0);
         cfg gx = base_gemma();
         gx.wtype = KV_TYPE_Q8_0;
         gx.window = 40;
