@@ -708,10 +708,18 @@ describe("model:session{ ktype =, vtype = } (the private cache's storage)", func
     assert.matches("multiple of 32", err)
   end)
 
-  it("refuses a type the cache cannot store, naming it", function()
-    local s, err = m32:session { ctx = 16, vtype = "q4_0" }
+  it("q4_0: 18 bytes per 32 values, logits near the f16 ones; refused for head sizes not a multiple of 32", function()
+    local f = assert(m32:session { ctx = 64 })
+    local q = assert(m32:session { ctx = 64, ktype = "q4_0", vtype = "q4_0" })
+    local ids = some_ids(40, 64, 78)
+    local lf, lq = assert(f:prefill(ids)), assert(q:prefill(ids))
+    assert.equals(f:stats().kv_bytes * 18 // 64, q:stats().kv_bytes)
+    assert.equals(m32:kv_bytes { ctx = 40, ktype = "q4_0", vtype = "q4_0" }, q:stats().kv_bytes)
+    assert.is_true(max_diff(lf, lq) > 0)
+    assert_close(lf, lq, 0.5, "q4_0 vs f16")
+    local s, err = model:session { ctx = 16, vtype = "q4_0" } -- head size 8
     assert.is_nil(s)
-    assert.matches("Q4_0", err)
+    assert.matches("Q4_0 needs a head size that is a multiple of 32", err)
   end)
 
   it("raises on an unknown type name or a non-string", function()
