@@ -370,7 +370,7 @@ typedef struct {
 static void store_range(void *arg, int64_t t0, int64_t t1) {
     const store_args *a = arg;
     kv_kvcache *c = a->kv;
-    const int kt = kv_kvcache_ktype(c), vt = kv_kvcache_vtype(c);
+    const int kt = kv_kvcache_ktype(c, a->layer), vt = kv_kvcache_vtype(c, a->layer);
     const int hd = kv_kvcache_head_dim(c, false), hdv = kv_kvcache_head_dim(c, true);
     const int n_kv = kv_kvcache_n_head_kv(c);
     for (int h = 0; h < n_kv; h++) {
@@ -1060,8 +1060,8 @@ static void att_rows_init(const att_job *J, float *priv, int64_t t0, int tn, int
     const kv_attn_params *ap = J->ap;
     const int G = ap->n_head / ap->n_head_kv;
     A->R = tn * G, A->hd = ap->head_dim, A->hdv = ap->head_dim_v;
-    A->kt = kv_kvcache_ktype(J->kv), A->vt = kv_kvcache_vtype(J->kv);
-    A->kr = kv_kvcache_row_bytes(J->kv, false), A->vr = kv_kvcache_row_bytes(J->kv, true);
+    A->kt = kv_kvcache_ktype(J->kv, ap->layer), A->vt = kv_kvcache_vtype(J->kv, ap->layer);
+    A->kr = kv_kvcache_row_bytes(J->kv, ap->layer, false), A->vr = kv_kvcache_row_bytes(J->kv, ap->layer, true);
     const int R = A->R, hd = A->hd;
     A->qf = priv;
     A->acc = A->qf + (size_t)R * hd;

@@ -48,12 +48,12 @@ void kv_kvcache_free(kv_kvcache *c) {
 
 /* ==== queries ============================================================ */
 
-int kv_kvcache_ktype(const kv_kvcache *c) { return c->pool->ktype; }
-int kv_kvcache_vtype(const kv_kvcache *c) { return c->pool->vtype; }
+int kv_kvcache_ktype(const kv_kvcache *c, int layer) { return c->pool->ktypes[layer]; }
+int kv_kvcache_vtype(const kv_kvcache *c, int layer) { return c->pool->vtypes[layer]; }
 int kv_kvcache_n_ctx(const kv_kvcache *c) { return c->n_ctx; }
 int kv_kvcache_n_head_kv(const kv_kvcache *c) { return c->pool->n_kv; }
 int kv_kvcache_head_dim(const kv_kvcache *c, bool v) { return v ? c->pool->head_dim_v : c->pool->head_dim; }
-size_t kv_kvcache_row_bytes(const kv_kvcache *c, bool v) { return v ? c->pool->vrow : c->pool->krow; }
+size_t kv_kvcache_row_bytes(const kv_kvcache *c, int layer, bool v) { return kv_pool_row_bytes(c->pool, layer, v); }
 
 uint64_t kv_kvcache_bytes(const kv_kvcache *c) {
     uint64_t b = 0;

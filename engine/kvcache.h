@@ -28,15 +28,16 @@ typedef struct kv_cache kv_cache;
 kv_status kv_kvcache_create(kv_cache *pool, int n_ctx, kv_kvcache **out, kv_error *e);
 void kv_kvcache_free(kv_kvcache *c); /* NULL is fine */
 
-int kv_kvcache_ktype(const kv_kvcache *c);
-int kv_kvcache_vtype(const kv_kvcache *c);
+/* K and V storage types of a layer (they may differ per layer). */
+int kv_kvcache_ktype(const kv_kvcache *c, int layer);
+int kv_kvcache_vtype(const kv_kvcache *c, int layer);
 int kv_kvcache_n_ctx(const kv_kvcache *c);
 int kv_kvcache_n_head_kv(const kv_kvcache *c);
 int kv_kvcache_head_dim(const kv_kvcache *c, bool v); /* K (v false) or V head size */
 /* Bytes of the pages the view references. */
 uint64_t kv_kvcache_bytes(const kv_kvcache *c);
-/* Bytes of one stored K (or V) row. */
-size_t kv_kvcache_row_bytes(const kv_kvcache *c, bool v);
+/* Bytes of one stored K (or V) row of a layer. */
+size_t kv_kvcache_row_bytes(const kv_kvcache *c, int layer, bool v);
 
 /* THE accessor: a pointer to the K (v = false) or V (v = true) row of
  * position pos0 for (layer, kv_head), and in *n_contig how many positions

@@ -12,9 +12,10 @@
  *               bytes above and every record, lengths included]; nothing may
  *               follow it.
  * The records' payloads, concatenated, are the stream:
- *   u8[32] model fingerprint; u32 ktype, vtype, page_tokens, n_groups,
- *   n_layer, n_head_kv, head_dim, head_dim_v, n_ctx, n_tokens, n_pages;
- *   u32 window[n_groups]; i32 tokens[n_tokens];
+ *   u8[32] model fingerprint; u32 page_tokens, n_groups, n_layer,
+ *   n_head_kv, head_dim, head_dim_v, n_ctx, n_tokens, n_pages;
+ *   u32 window[n_groups]; u32 ktype[n_layer], vtype[n_layer];
+ *   i32 tokens[n_tokens];
  *   n_pages x (u32 group, u32 logical page, the page's bytes: for each layer
  *   of the group and each KV head, pt K rows then pt V rows).
  * Records hold at most 1 MiB, so a large session is streamed straight from
@@ -251,11 +252,12 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
             for (int lp = 0; lp < s->kv->n_lp; lp++) n_pages += s->kv->tab[g][lp] >= 0;
         const kv_model_info *in = &s->m->info;
         w_bytes(&w, fp, 32);
-        const uint32_t hv[11] = {(uint32_t)c->ktype, (uint32_t)c->vtype, (uint32_t)c->pt, (uint32_t)c->n_groups,
-                                 (uint32_t)in->n_layer, (uint32_t)in->n_head_kv, (uint32_t)in->head_dim,
-                                 (uint32_t)in->head_dim_v, (uint32_t)s->n_ctx, (uint32_t)s->pos, n_pages};
-        for (int i = 0; i < 11; i++) w_u32(&w, hv[i]);
+        const uint32_t hv[9] = {(uint32_t)c->pt, (uint32_t)c->n_groups, (uint32_t)in->n_layer,
+                                (uint32_t)in->n_head_kv, (uint32_t)in->head_dim, (uint32_t)in->head_dim_v,
+                                (uint32_t)s->n_ctx, (uint32_t)s->pos, n_pages};
+        for (int i = 0; i < 9; i++) w_u32(&w, hv[i]);
         for (int g = 0; g < c->n_groups; g++) w_u32(&w, (uint32_t)c->groups[g].window);
+        for (int il = 0; il < 2 * in->n_layer; il++) w_u32(&w, (uint32_t)c->ktypes[il]); /* K types, then V types */
         for (int i = 0; i < s->pos; i++) w_u32(&w, (uint32_t)s->tokens[i]);
         /* pages, straight from the pool */
         for (int g = 0; g < c->n_groups && !w.st; g++)
@@ -266,8 +268,9 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
                 w_u32(&w, (uint32_t)lp);
                 for (int li = 0; li < c->groups[g].n_layers; li++)
                     for (int h = 0; h < c->n_kv; h++) {
-                        w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, false), (size_t)c->pt * c->krow);
-                        w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, true), (size_t)c->pt * c->vrow);
+                        const int il = c->groups[g].layer_ids[li];
+                        w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, false), (size_t)c->pt * c->krows[il]);
+                        w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, true), (size_t)c->pt * c->vrows[il]);
                     }
             }
         if (key || w.n) w_flush(&w, true); /* plain: no empty record (it would read as the end) */
@@ -313,6 +316,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     kv_status st = stream_init(&r, f, enc, e);
     kv_session *s = NULL;
     kv_cache *pool = NULL;
+    int *types = NULL;
     if (st) goto done;
     if (enc) {
         uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
@@ -323,8 +327,8 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     }
     uint8_t fp[32], mine[32];
     r_bytes(&r, fp, 32);
-    uint32_t hv[11];
-    for (int i = 0; i < 11; i++) hv[i] = r_u32(&r);
+    uint32_t hv[9];
+    for (int i = 0; i < 9; i++) hv[i] = r_u32(&r);
     if ((st = r.st)) goto done;
     if ((st = kv_model_fingerprint(m, mine, NULL, e))) goto done;
     if (sodium_memcmp(fp, mine, 32) != 0) {
@@ -332,28 +336,37 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
         goto done;
     }
     const kv_model_info *in = &m->info;
-    const int kt = (int)hv[0], vt = (int)hv[1], pt = (int)hv[2], n_groups = (int)hv[3];
-    const uint32_t n_ctx = hv[8], n_tokens = hv[9], n_pages = hv[10];
-    if (hv[4] != (uint32_t)in->n_layer || hv[5] != (uint32_t)in->n_head_kv || hv[6] != (uint32_t)in->head_dim ||
-        hv[7] != (uint32_t)in->head_dim_v || n_ctx == 0 || n_ctx > (1u << 24) || n_tokens > n_ctx ||
+    const int pt = (int)hv[0], n_groups = (int)hv[1];
+    const uint32_t n_ctx = hv[6], n_tokens = hv[7], n_pages = hv[8];
+    if (hv[2] != (uint32_t)in->n_layer || hv[3] != (uint32_t)in->n_head_kv || hv[4] != (uint32_t)in->head_dim ||
+        hv[5] != (uint32_t)in->head_dim_v || n_ctx == 0 || n_ctx > (1u << 24) || n_tokens > n_ctx ||
         n_groups < 1 || n_groups > KV_MAX_GROUPS || pt <= 0 || pt > 65536 || (pt & (pt - 1))) {
         st = fmt_fail(&r, "header does not describe a session of this model");
         goto done;
     }
+    uint32_t windows[KV_MAX_GROUPS];
+    for (int g = 0; g < n_groups; g++) windows[g] = r_u32(&r);
+    types = malloc(2 * (size_t)in->n_layer * sizeof(int));
+    if (!types) {
+        st = kv_fail(e, KV_ERR_NOMEM, "restore: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < 2 * in->n_layer; i++) types[i] = (int)r_u32(&r);
+    if ((st = r.st)) goto done;
     int ctx = (int)n_ctx > min_ctx ? (int)n_ctx : min_ctx;
     if (cache) {
         if (cache->m != m) {
             st = kv_fail(e, KV_ERR_ARG, "restore: the cache belongs to another model");
             goto done;
         }
-        if (cache->ktype != kt || cache->vtype != vt || cache->pt != pt) {
+        if (memcmp(cache->ktypes, types, 2 * (size_t)in->n_layer * sizeof(int)) != 0 || cache->pt != pt) {
             st = kv_fail(e, KV_ERR_ARG, "restore: the file's K/V types or page size differ from the cache's");
             goto done;
         }
         pool = cache;
         kv_cache_retain(pool);
     } else {
-        kv_cache_params cp = {.page_tokens = pt, .ktype = kt, .vtype = vt, .prefix = true};
+        kv_cache_params cp = {.page_tokens = pt, .ktypes = types, .vtypes = types + in->n_layer, .prefix = true};
         if ((st = kv_pool_open(m, &cp, ctx, &pool, e))) goto done;
     }
     if (pool->n_groups != n_groups) {
@@ -361,7 +374,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
         goto done;
     }
     for (int g = 0; g < n_groups; g++)
-        if (r_u32(&r) != (uint32_t)pool->groups[g].window) {
+        if (windows[g] != (uint32_t)pool->groups[g].window) {
             st = fmt_fail(&r, "attention windows differ from the model's");
             goto done;
         }
@@ -389,8 +402,9 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
         pool->groups[g].pages[id].lp = (int32_t)lp;
         for (int li = 0; li < pool->groups[g].n_layers && !r.st; li++)
             for (int h = 0; h < pool->n_kv && !r.st; h++) {
-                r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, false), (size_t)pt * pool->krow);
-                r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, true), (size_t)pt * pool->vrow);
+                const int il = pool->groups[g].layer_ids[li];
+                r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, false), (size_t)pt * pool->krows[il]);
+                r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, true), (size_t)pt * pool->vrows[il]);
             }
     }
     if ((st = r.st) || (st = r_end(&r))) goto done;
@@ -400,6 +414,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     s = NULL;
 done:
     if (r.buf) stream_free(&r);
+    free(types);
     kv_session_close(s); /* releases every page it took */
     if (pool) kv_cache_close(pool);
     return st;

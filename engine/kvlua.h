@@ -75,6 +75,8 @@ uint64_t kv_model_kv_bytes(const kv_model *m, int64_t n_ctx, int ktype, int vtyp
  * positions references (page-rounded; a window layer keeps the pages that
  * overlap its last window - 1 positions). UINT64_MAX when it overflows. */
 uint64_t kv_model_kv_bytes_paged(const kv_model *m, int64_t n_ctx, int ktype, int vtype, int pt);
+/* The same with types per layer (n_layer entries each). */
+uint64_t kv_model_kv_bytes_layers(const kv_model *m, int64_t n_ctx, const int *ktypes, const int *vtypes, int pt);
 /* BLAKE2b fingerprint of the model file (computed on first use: what cache
  * pages are named after), and the seconds that took. */
 kv_status kv_model_fingerprint(kv_model *m, uint8_t out[32], double *seconds, kv_error *e);
@@ -141,7 +143,8 @@ typedef struct {
     uint64_t bytes;  /* capacity in bytes (0: use pages) */
     int64_t pages;   /* capacity in pages of each layer group (0: use bytes) */
     int page_tokens; /* positions per page, a power of two (0: 16) */
-    int ktype, vtype; /* K and V storage: F16, F32 or Q8_0 */
+    int ktype, vtype; /* K and V storage of every layer: F16, F32, Q8_0 or Q4_0 */
+    const int *ktypes, *vtypes; /* or per layer (n_layer entries each; NULL: ktype / vtype) */
     bool prefix;     /* hash full pages and reuse them across sessions */
 } kv_cache_params;
 
@@ -183,7 +186,10 @@ void kv_cache_get_stats(const kv_cache *c, kv_cache_stats *st);
 int kv_cache_page_tokens(const kv_cache *c);
 int kv_cache_n_groups(const kv_cache *c);
 int kv_cache_group_window(const kv_cache *c, int g); /* 0: full attention */
-void kv_cache_types(const kv_cache *c, int *ktype, int *vtype);
+/* K and V types of layer il (layer 0 for a cache of one type). */
+void kv_cache_types(const kv_cache *c, int il, int *ktype, int *vtype);
+/* Bytes of K and V one position takes over every layer. */
+uint64_t kv_cache_bytes_per_token(const kv_cache *c);
 const kv_model *kv_cache_model(const kv_cache *c);
 void kv_cache_set_policy(kv_cache *c, kv_evict_fn fn, void *ud);
 /* How many leading tokens of ids a prefill into an empty session would
@@ -205,6 +211,7 @@ enum { KV_LOGITS_NONE = 0, KV_LOGITS_LAST = 1, KV_LOGITS_ALL = 2 };
 typedef struct {
     int n_ctx;
     int ktype, vtype; /* storage of a private pool (ignored with a cache) */
+    const int *ktypes, *vtypes; /* or per layer (n_layer entries; NULL: ktype / vtype) */
     kv_cache *cache;  /* NULL: a private pool */
 } kv_session_params;
 

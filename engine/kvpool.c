@@ -190,7 +190,7 @@ static bool group_grow(kv_group *G) {
 uint8_t *kv_pool_row(const kv_cache *c, int g, int32_t id, int li, int head, int t, bool v) {
     const kv_group *G = &c->groups[g];
     const int32_t S = G->slab_pages, slot = id % S;
-    const size_t row = v ? c->vrow : c->krow;
+    const size_t row = kv_pool_row_bytes(c, G->layer_ids[li], v);
     return G->slabs[id / S] + (v ? G->voff : G->koff)[li] +
            (((size_t)head * S + (size_t)slot) * c->pt + (size_t)t) * row;
 }
@@ -205,9 +205,9 @@ void kv_pool_copy(kv_cache *c, int g, int32_t dst, int32_t src) {
     for (int li = 0; li < G->n_layers; li++)
         for (int h = 0; h < c->n_kv; h++) {
             memcpy(kv_pool_row(c, g, dst, li, h, 0, false), kv_pool_row(c, g, src, li, h, 0, false),
-                   (size_t)c->pt * c->krow);
+                   (size_t)c->pt * c->krows[G->layer_ids[li]]);
             memcpy(kv_pool_row(c, g, dst, li, h, 0, true), kv_pool_row(c, g, src, li, h, 0, true),
-                   (size_t)c->pt * c->vrow);
+                   (size_t)c->pt * c->vrows[G->layer_ids[li]]);
         }
 }
 
@@ -219,6 +219,7 @@ static void group_free(kv_group *G) {
     free(G->pages);
     free(G->koff);
     free(G->voff);
+    free(G->layer_ids);
     hmap_free(&G->index);
     hmap_free(&G->evicted);
 }
@@ -231,6 +232,8 @@ static void pool_free(kv_cache *c) {
     hmap_free(&c->pins);
     free(c->layer_group);
     free(c->layer_index);
+    free(c->ktypes);
+    free(c->krows);
     free(c);
 }
 
@@ -259,17 +262,21 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
     const int pt = p->page_tokens ? p->page_tokens : 16;
     if (pt <= 0 || (pt & (pt - 1)) || pt > 65536)
         return kv_fail(e, KV_ERR_ARG, "cache: page_tokens must be a power of two in [1, 65536] (got %d)", pt);
-    const int types[2] = {p->ktype, p->vtype}, dims[2] = {in->head_dim, in->head_dim_v};
-    for (int i = 0; i < 2; i++) {
-        if (!type_ok(types[i])) {
-            const kv_type_traits *tr = kv_type_traits_get(types[i]);
-            return kv_fail(e, KV_ERR_UNSUPPORTED, "kv cache: %s type %s not supported (F16, F32, Q8_0 or Q4_0)",
-                           i ? "V" : "K", tr ? tr->name : "unknown");
+    const int dims[2] = {in->head_dim, in->head_dim_v};
+    for (int il = 0; il < in->n_layer; il++) {
+        const int types[2] = {p->ktypes ? p->ktypes[il] : p->ktype, p->vtypes ? p->vtypes[il] : p->vtype};
+        for (int i = 0; i < 2; i++) {
+            if (!type_ok(types[i])) {
+                const kv_type_traits *tr = kv_type_traits_get(types[i]);
+                return kv_fail(e, KV_ERR_UNSUPPORTED,
+                               "kv cache: %s type %s (layer %d) not supported (F16, F32, Q8_0 or Q4_0)", i ? "V" : "K",
+                               tr ? tr->name : "unknown", il);
+            }
+            if ((types[i] == KV_TYPE_Q8_0 || types[i] == KV_TYPE_Q4_0) && dims[i] % 32 != 0)
+                return kv_fail(e, KV_ERR_UNSUPPORTED,
+                               "kv cache: %s needs a head size that is a multiple of 32 (%s head size %d)",
+                               types[i] == KV_TYPE_Q8_0 ? "Q8_0" : "Q4_0", i ? "V" : "K", dims[i]);
         }
-        if ((types[i] == KV_TYPE_Q8_0 || types[i] == KV_TYPE_Q4_0) && dims[i] % 32 != 0)
-            return kv_fail(e, KV_ERR_UNSUPPORTED,
-                           "kv cache: %s needs a head size that is a multiple of 32 (%s head size %d)",
-                           types[i] == KV_TYPE_Q8_0 ? "Q8_0" : "Q4_0", i ? "V" : "K", dims[i]);
     }
     if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "cache: libsodium failed to initialize");
     kv_cache *c = calloc(1, sizeof *c);
@@ -278,18 +285,26 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
     c->refs = 1;
     c->is_private = private_ctx > 0;
     c->prefix = p->prefix;
-    c->ktype = p->ktype, c->vtype = p->vtype;
     c->pt = pt;
     while ((1 << c->pt_log2) < pt) c->pt_log2++;
     c->n_kv = in->n_head_kv, c->head_dim = in->head_dim, c->head_dim_v = in->head_dim_v;
-    c->krow = kv_row_size(p->ktype, in->head_dim);
-    c->vrow = kv_row_size(p->vtype, in->head_dim_v);
-    c->layer_group = calloc((size_t)in->n_layer, sizeof(int));
-    c->layer_index = calloc((size_t)in->n_layer, sizeof(int));
+    const size_t L = (size_t)in->n_layer;
+    c->layer_group = calloc(L, sizeof(int));
+    c->layer_index = calloc(L, sizeof(int));
+    c->ktypes = malloc(2 * L * sizeof(int));
+    c->krows = malloc(2 * L * sizeof(size_t));
     kv_status st = KV_OK;
-    if (!c->layer_group || !c->layer_index) {
+    if (!c->layer_group || !c->layer_index || !c->ktypes || !c->krows) {
         st = kv_fail(e, KV_ERR_NOMEM, "cache: out of memory");
         goto fail;
+    }
+    c->vtypes = c->ktypes + L, c->vrows = c->krows + L;
+    for (size_t il = 0; il < L; il++) {
+        c->ktypes[il] = p->ktypes ? p->ktypes[il] : p->ktype;
+        c->vtypes[il] = p->vtypes ? p->vtypes[il] : p->vtype;
+        c->krows[il] = kv_row_size(c->ktypes[il], in->head_dim);
+        c->vrows[il] = kv_row_size(c->vtypes[il], in->head_dim_v);
+        c->mixed |= c->ktypes[il] != c->ktypes[0] || c->vtypes[il] != c->vtypes[0];
     }
     /* layer groups: one per distinct attention span, in order of first use */
     for (int il = 0; il < in->n_layer; il++) {
@@ -306,11 +321,20 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
         c->layer_group[il] = g;
         c->layer_index[il] = c->groups[g].n_layers++;
     }
-    const size_t kv_row = c->krow + c->vrow;
     uint64_t sum_page = 0;
     for (int g = 0; g < c->n_groups; g++) {
         kv_group *G = &c->groups[g];
-        G->page_bytes = (size_t)G->n_layers * c->n_kv * pt * kv_row;
+        G->layer_ids = malloc((size_t)G->n_layers * sizeof(int));
+        if (!G->layer_ids) {
+            st = kv_fail(e, KV_ERR_NOMEM, "cache: out of memory");
+            goto fail;
+        }
+        G->page_bytes = 0;
+        for (int il = 0; il < in->n_layer; il++)
+            if (c->layer_group[il] == g) {
+                G->layer_ids[c->layer_index[il]] = il;
+                G->page_bytes += (size_t)c->n_kv * pt * (c->krows[il] + c->vrows[il]);
+            }
         sum_page += G->page_bytes;
         G->free_head = G->lru_head = G->lru_tail = -1;
     }
@@ -360,11 +384,12 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
             st = kv_fail(e, KV_ERR_NOMEM, "cache: out of memory");
             goto fail;
         }
-        size_t per_layer_k = (size_t)c->n_kv * G->slab_pages * pt * c->krow;
-        size_t per_layer_v = (size_t)c->n_kv * G->slab_pages * pt * c->vrow;
+        size_t off = 0;
         for (int li = 0; li < G->n_layers; li++) {
-            G->koff[li] = (size_t)li * (per_layer_k + per_layer_v);
-            G->voff[li] = G->koff[li] + per_layer_k;
+            const int il = G->layer_ids[li];
+            G->koff[li] = off;
+            G->voff[li] = off + (size_t)c->n_kv * G->slab_pages * pt * c->krows[il];
+            off = G->voff[li] + (size_t)c->n_kv * G->slab_pages * pt * c->vrows[il];
         }
         if (!group_grow(G)) {
             st = kv_fail(e, KV_ERR_NOMEM, "cache: out of memory for %lld pages of %zu bytes",
@@ -382,8 +407,9 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
         const char tag[] = "kvlua kv pages v1";
         crypto_generichash_update(&hs, (const uint8_t *)tag, sizeof tag);
         crypto_generichash_update(&hs, fp, sizeof fp);
-        int32_t params[3] = {c->ktype, c->vtype, c->pt};
-        crypto_generichash_update(&hs, (const uint8_t *)params, sizeof params);
+        int32_t pt32 = c->pt;
+        crypto_generichash_update(&hs, (const uint8_t *)&pt32, sizeof pt32);
+        crypto_generichash_update(&hs, (const uint8_t *)c->ktypes, 2 * L * sizeof(int)); /* every layer's K, V types */
         crypto_generichash_final(&hs, c->h0.b, KV_HASH_BYTES);
     }
     kv_cache **head = kv_model_caches(m);
@@ -395,6 +421,8 @@ fail:
     for (int g = 0; g < c->n_groups; g++) group_free(&c->groups[g]);
     free(c->layer_group);
     free(c->layer_index);
+    free(c->ktypes);
+    free(c->krows);
     free(c);
     return st;
 }
@@ -625,7 +653,17 @@ void kv_cache_get_stats(const kv_cache *c, kv_cache_stats *st) {
 int kv_cache_page_tokens(const kv_cache *c) { return c->pt; }
 int kv_cache_n_groups(const kv_cache *c) { return c->n_groups; }
 int kv_cache_group_window(const kv_cache *c, int g) { return g >= 0 && g < c->n_groups ? c->groups[g].window : 0; }
-void kv_cache_types(const kv_cache *c, int *kt, int *vt) { *kt = c->ktype, *vt = c->vtype; }
+void kv_cache_types(const kv_cache *c, int il, int *kt, int *vt) {
+    const int n = kv_model_info_get(c->m)->n_layer;
+    if (il < 0 || il >= n) il = 0;
+    *kt = c->ktypes[il], *vt = c->vtypes[il];
+}
+
+uint64_t kv_cache_bytes_per_token(const kv_cache *c) {
+    uint64_t b = 0;
+    for (int il = 0; il < kv_model_info_get(c->m)->n_layer; il++) b += (uint64_t)c->n_kv * (c->krows[il] + c->vrows[il]);
+    return b;
+}
 const kv_model *kv_cache_model(const kv_cache *c) { return c->m; }
 
 void kv_cache_set_policy(kv_cache *c, kv_evict_fn fn, void *ud) {

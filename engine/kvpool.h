@@ -63,6 +63,7 @@ typedef struct {
 typedef struct {
     int window;         /* 0: full attention */
     int n_layers;       /* layers in the group */
+    int *layer_ids;     /* (n_layers) the model's index of each */
     size_t page_bytes;  /* K+V of one page, all layers of the group */
     size_t *koff, *voff; /* (n_layers) byte offsets inside a slab */
     int32_t slab_pages; /* S */
@@ -85,9 +86,11 @@ struct kv_cache {
     int refs;            /* owner + sessions */
     bool is_private;     /* a session's own pool: grows, never reports full */
     bool prefix;         /* hash full pages, reuse them */
-    int ktype, vtype, pt, pt_log2;
+    int pt, pt_log2;
     int n_kv, head_dim, head_dim_v;
-    size_t krow, vrow;
+    int *ktypes, *vtypes;  /* (n_layer) K and V storage type of each layer */
+    size_t *krows, *vrows; /* (n_layer) bytes of one K / V row */
+    bool mixed;            /* the layers do not all have the same types */
     int n_groups;
     kv_group groups[KV_MAX_GROUPS];
     int *layer_group, *layer_index; /* (n_layer) */
@@ -122,6 +125,8 @@ kv_status kv_pool_take(kv_cache *c, int g, int n, int32_t *ids, kv_error *e);
 kv_status kv_pool_reserve(kv_cache *c, const int need[KV_MAX_GROUPS], kv_error *e);
 void kv_pool_ref(kv_cache *c, int g, int32_t id);
 void kv_pool_unref(kv_cache *c, int g, int32_t id);
+/* Bytes of one K (v false) or V row of the model's layer il. */
+static inline size_t kv_pool_row_bytes(const kv_cache *c, int il, bool v) { return v ? c->vrows[il] : c->krows[il]; }
 /* Copies the K/V rows of page src into page dst (both of group g). */
 void kv_pool_copy(kv_cache *c, int g, int32_t dst, int32_t src);
 /* Seals an OWNED full page under hash h (logical page lp). If a page with

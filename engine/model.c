@@ -400,10 +400,21 @@ static uint64_t layer_pages(int64_t n_ctx, int64_t w, int pt) {
 }
 
 uint64_t kv_model_kv_bytes_paged(const kv_model *m, int64_t n_ctx, int ktype, int vtype, int pt) {
+    if (!m || !m->layers) return 0;
+    int *t = malloc(2 * sizeof(int) * (size_t)m->info.n_layer);
+    if (!t) return 0;
+    for (int il = 0; il < m->info.n_layer; il++) t[il] = ktype, t[m->info.n_layer + il] = vtype;
+    uint64_t b = kv_model_kv_bytes_layers(m, n_ctx, t, t + m->info.n_layer, pt);
+    free(t);
+    return b;
+}
+
+uint64_t kv_model_kv_bytes_layers(const kv_model *m, int64_t n_ctx, const int *ktypes, const int *vtypes, int pt) {
     if (!m || !m->layers || n_ctx <= 0 || pt <= 0) return 0;
     const kv_model_info *in = &m->info;
-    uint64_t row = kv_row_size(ktype, in->head_dim) + kv_row_size(vtype, in->head_dim_v), total = 0;
+    uint64_t total = 0;
     for (int il = 0; il < in->n_layer; il++) {
+        uint64_t row = kv_row_size(ktypes[il], in->head_dim) + kv_row_size(vtypes[il], in->head_dim_v);
         uint64_t rows = layer_pages(n_ctx, m->layers[il].window, pt) * (uint64_t)pt * (uint64_t)in->n_head_kv;
         if (row && rows > (UINT64_MAX - total) / row) return UINT64_MAX; /* saturate */
         total += rows * row;

@@ -94,7 +94,8 @@ kv_status kv_session_open_p(kv_model *m, const kv_session_params *p, kv_session 
         if (pool->m != m) return kv_fail(e, KV_ERR_ARG, "session: the cache belongs to another model");
         return kv_session_alloc(m, p->n_ctx, pool, out, e);
     }
-    kv_cache_params cp = {.page_tokens = 16, .ktype = p->ktype, .vtype = p->vtype, .prefix = true};
+    kv_cache_params cp = {.page_tokens = 16, .ktype = p->ktype, .vtype = p->vtype, .ktypes = p->ktypes,
+                          .vtypes = p->vtypes, .prefix = true};
     if ((st = kv_pool_open(m, &cp, p->n_ctx, &pool, e))) return st;
     st = kv_session_alloc(m, p->n_ctx, pool, out, e);
     kv_cache_close(pool); /* the session's view holds it now */
@@ -391,7 +392,8 @@ kv_status kv_cache_lookup(kv_cache *c, const int32_t *ids, size_t n, int64_t *ca
                     if (c->groups[g].window <= 0 && kv_pool_was_evicted(c, g, h)) *reason = "evicted";
                 if (!strcmp(*reason, "never seen"))
                     for (kv_cache *o = *kv_model_caches(c->m); o; o = o->next_of_model) {
-                        if (o == c || o->pt != c->pt || !o->prefix || (o->ktype == c->ktype && o->vtype == c->vtype)) continue;
+                        const size_t tb = 2 * (size_t)kv_model_info_get(c->m)->n_layer * sizeof(int);
+                        if (o == c || o->pt != c->pt || !o->prefix || !memcmp(o->ktypes, c->ktypes, tb)) continue;
                         reuse_plan q = {.c = o};
                         kv_error e2;
                         if (plan_lookup(&q, ids, (int64_t)(r.kfull + 1) * c->pt, &o->h0, &e2) == KV_OK &&

@@ -196,6 +196,8 @@ static l_model *l_model_check(lua_State *L, int idx) {
     return lm;
 }
 
+kv_model *l_model_peek(lua_State *L, int idx) { return l_model_check(L, idx)->m; }
+
 kv_model *l_model_hold(lua_State *L, int idx, void **owner) {
     l_model *lm = l_model_check(L, idx);
     lm->sessions++;
@@ -430,26 +432,20 @@ static int l_model_is_eog(lua_State *L) {
     return 1;
 }
 
-static int l_parse_kv_type(lua_State *L, const char *s) {
-    if (!strcmp(s, "f16")) return KV_TYPE_F16;
-    if (!strcmp(s, "f32")) return KV_TYPE_F32;
-    if (!strcmp(s, "q8_0")) return KV_TYPE_Q8_0;
-    if (!strcmp(s, "q4_0")) return KV_TYPE_Q4_0;
-    return luaL_error(L, "unknown KV cache type \"%s\" (f16, f32, q8_0, q4_0)", s);
-}
-
 static int l_model_kv_bytes(lua_State *L) {
     l_model *lm = l_model_check(L, 1);
     if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
     lua_Integer ctx = l_opt_int(L, 2, "ctx", kv_model_info_get(lm->m)->n_ctx_train);
     lua_Integer batch = l_opt_int(L, 2, "batch", 1);
     lua_Integer pt = l_opt_int(L, 2, "page_tokens", 16);
-    int kt = l_parse_kv_type(L, l_opt_str(L, 2, "ktype", "f16"));
-    int vt = l_parse_kv_type(L, l_opt_str(L, 2, "vtype", "f16"));
+    const int n_layer = kv_model_info_get(lm->m)->n_layer;
+    int *types = lua_newuserdatauv(L, 2 * sizeof(int) * (size_t)(n_layer ? n_layer : 1), 0);
+    l_kv_types(L, 2, "ktype", n_layer, types);
+    l_kv_types(L, 2, "vtype", n_layer, types + n_layer);
     if (ctx < 0 || batch < 0) luaL_error(L, "ctx and batch must be >= 0");
     if (pt <= 0 || pt > 65536 || (pt & (pt - 1))) luaL_error(L, "option 'page_tokens' must be a power of two");
     /* pages are rounded: what sessions of ctx positions hold */
-    uint64_t b = kv_model_kv_bytes_paged(lm->m, ctx, kt, vt, (int)pt);
+    uint64_t b = kv_model_kv_bytes_layers(lm->m, ctx, types, types + n_layer, (int)pt);
     if (b == UINT64_MAX || (batch && b > (uint64_t)INT64_MAX / (uint64_t)batch))
         luaL_error(L, "kv_bytes: more than 2^63 bytes");
     lua_pushinteger(L, (lua_Integer)(b * (uint64_t)batch));
@@ -581,22 +577,23 @@ static int l_session_new(lua_State *L) {
     } else {
         lua_pop(L, 1);
     }
-    /* the storage: "f16" (default), "f32", "q8_0"; with a cache, its own */
-    int kt = l_parse_kv_type(L, l_opt_str(L, 2, "ktype", "f16"));
-    int vt = l_parse_kv_type(L, l_opt_str(L, 2, "vtype", "f16"));
-    if (lc) {
-        int ckt, cvt;
-        kv_cache_types(lc->c, &ckt, &cvt);
-        if ((l_opt_field(L, 2, "ktype") != LUA_TNIL && kt != ckt) || (l_opt_field(L, 2, "vtype") != LUA_TNIL && vt != cvt))
-            luaL_error(L, "options 'ktype'/'vtype' differ from the cache's types");
-        lua_pop(L, 2);
-    }
+    /* the storage, per layer: "f16" (default), "f32", "q8_0", "q4_0"; with a cache, its own */
+    const int n_layer = in->n_layer;
+    int *types = lua_newuserdatauv(L, 2 * sizeof(int) * (size_t)(n_layer ? n_layer : 1), 0);
+    int given = l_kv_types(L, 2, "ktype", n_layer, types) | l_kv_types(L, 2, "vtype", n_layer, types + n_layer);
+    if (lc && given)
+        for (int il = 0; il < n_layer; il++) {
+            int ckt, cvt;
+            kv_cache_types(lc->c, il, &ckt, &cvt);
+            if (ckt != types[il] || cvt != types[n_layer + il])
+                luaL_error(L, "options 'ktype'/'vtype' differ from the cache's types (layer %d)", il);
+        }
     if (!in->has_weights) return l_fail(L, "model has no weights (vocabulary-only file)");
 
     l_session *ls = l_session_push(L, 1, ci);
     kv_error e = {{0}};
     kv_session *s = NULL;
-    kv_session_params p = {.n_ctx = (int)ctx, .ktype = kt, .vtype = vt, .cache = lc ? lc->c : NULL};
+    kv_session_params p = {.n_ctx = (int)ctx, .ktypes = types, .vtypes = types + n_layer, .cache = lc ? lc->c : NULL};
     if (kv_session_open_p(lm->m, &p, &s, &e) != KV_OK) return l_fail(L, e.msg);
     ls->s = s;
     ls->lm = lm;

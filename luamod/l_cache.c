@@ -41,18 +41,88 @@
 
 /* ==== helpers ================================================================ */
 
-static int l_kv_type(lua_State *L, int opts, const char *field, int def) {
-    if (lua_getfield(L, opts, field) == LUA_TNIL) {
-        lua_pop(L, 1);
-        return def;
-    }
-    const char *s = lua_tostring(L, -1);
-    if (!s || lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "option '%s' must be a string", field);
+/* A type name at the top of the stack (raises for anything else). */
+static int l_type_name(lua_State *L, const char *field) {
+    const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (!s) luaL_error(L, "option '%s': a type must be a string (f16, f32, q8_0, q4_0)", field);
     int t = !strcmp(s, "f16") ? KV_TYPE_F16 : !strcmp(s, "f32") ? KV_TYPE_F32 : !strcmp(s, "q8_0") ? KV_TYPE_Q8_0
           : !strcmp(s, "q4_0") ? KV_TYPE_Q4_0 : -1;
     if (t < 0) luaL_error(L, "unknown KV cache type \"%s\" (f16, f32, q8_0, q4_0)", s);
-    lua_pop(L, 1);
     return t;
+}
+
+int l_kv_types(lua_State *L, int opts, const char *field, int n_layer, int *out) {
+    for (int i = 0; i < n_layer; i++) out[i] = KV_TYPE_F16;
+    if (lua_isnoneornil(L, opts)) return 0;
+    int t = lua_getfield(L, opts, field);
+    if (t == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    if (t != LUA_TTABLE) {
+        int ty = l_type_name(L, field);
+        for (int i = 0; i < n_layer; i++) out[i] = ty;
+        lua_pop(L, 1);
+        return 1;
+    }
+    /* { default = T, [i] = T_i } or { T, [i] = T_i }: i are 0-based layers */
+    int tab = lua_gettop(L);
+    bool named = lua_getfield(L, tab, "default") != LUA_TNIL;
+    if (!named) {
+        lua_pop(L, 1);
+        lua_rawgeti(L, tab, 1);
+    }
+    if (lua_isnil(L, -1)) luaL_error(L, "option '%s': a per-layer table needs a default (its first item, or default =)", field);
+    int def = l_type_name(L, field);
+    lua_pop(L, 1);
+    for (int i = 0; i < n_layer; i++) out[i] = def;
+    lua_pushnil(L);
+    while (lua_next(L, tab)) {
+        if (lua_type(L, -2) == LUA_TSTRING && !strcmp(lua_tostring(L, -2), "default")) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if (!lua_isinteger(L, -2)) luaL_error(L, "option '%s': keys are 0-based layer indices", field);
+        lua_Integer il = lua_tointeger(L, -2);
+        if (!named && il == 1) { /* the default itself */
+            lua_pop(L, 1);
+            continue;
+        }
+        if (il < 0 || il >= n_layer) luaL_error(L, "option '%s': layer %I out of range [0, %d)", field, il, n_layer);
+        out[il] = l_type_name(L, field);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return 1;
+}
+
+/* Pushes the types of the cache's layers: a name when all are the same,
+ * else a table { default = name, [i] = name } (0-based layers). */
+static void l_push_types(lua_State *L, const kv_cache *c, bool v) {
+    const int n = kv_model_info_get(kv_cache_model(c))->n_layer;
+    int t0, kt, vt;
+    kv_cache_types(c, 0, &kt, &vt);
+    t0 = v ? vt : kt;
+    bool same = true;
+    for (int i = 1; i < n && same; i++) {
+        kv_cache_types(c, i, &kt, &vt);
+        same = (v ? vt : kt) == t0;
+    }
+    static const char *names[] = {"f32", "f16"};
+    #define TNAME(t) ((t) == KV_TYPE_Q8_0 ? "q8_0" : (t) == KV_TYPE_Q4_0 ? "q4_0" : names[(t) == KV_TYPE_F16])
+    if (same) {
+        lua_pushstring(L, TNAME(t0));
+        return;
+    }
+    lua_createtable(L, n, 1);
+    lua_pushstring(L, TNAME(t0));
+    lua_setfield(L, -2, "default");
+    for (int i = 0; i < n; i++) {
+        kv_cache_types(c, i, &kt, &vt);
+        lua_pushstring(L, TNAME(v ? vt : kt));
+        lua_rawseti(L, -2, i);
+    }
+    #undef TNAME
 }
 
 static lua_Integer l_int_field(lua_State *L, int opts, const char *field, lua_Integer def, lua_Integer lo,
@@ -210,8 +280,11 @@ int l_cache_new(lua_State *L) {
     lua_Integer pt = l_int_field(L, 2, "page_tokens", 16, 0, 1 << 16);
     if (pt <= 0 || (pt & (pt - 1))) luaL_error(L, "option 'page_tokens' must be a power of two (got %I)", pt);
     p.page_tokens = (int)pt;
-    p.ktype = l_kv_type(L, 2, "ktype", KV_TYPE_F16);
-    p.vtype = l_kv_type(L, 2, "vtype", KV_TYPE_F16);
+    const int n_layer = kv_model_info_get(l_model_peek(L, 1))->n_layer;
+    int *types = lua_newuserdatauv(L, 2 * sizeof(int) * (size_t)n_layer, 0);
+    l_kv_types(L, 2, "ktype", n_layer, types);
+    l_kv_types(L, 2, "vtype", n_layer, types + n_layer);
+    p.ktypes = types, p.vtypes = types + n_layer;
     p.prefix = true;
     if (lua_getfield(L, 2, "prefix") != LUA_TNIL) {
         if (!lua_isboolean(L, -1)) luaL_error(L, "option 'prefix' must be a boolean");
@@ -271,6 +344,7 @@ static int l_cache_stats(lua_State *L) {
     l_set_int(L, "bytes", (lua_Integer)st.bytes);
     l_set_int(L, "capacity_bytes", (lua_Integer)st.capacity_bytes);
     l_set_int(L, "page_tokens", kv_cache_page_tokens(lc->c));
+    l_set_int(L, "bytes_per_token", (lua_Integer)kv_cache_bytes_per_token(lc->c));
     return 1;
 }
 
@@ -370,12 +444,7 @@ static int l_cache_index(lua_State *L) {
         if (k[0] == 'p') {
             lua_pushinteger(L, kv_cache_page_tokens(lc->c));
         } else {
-            int kt, vt;
-            kv_cache_types(lc->c, &kt, &vt);
-            const kv_type_traits *tr = kv_type_traits_get(k[0] == 'k' ? kt : vt);
-            lua_pushstring(L, tr ? tr->name : "?");
-            luaL_gsub(L, lua_tostring(L, -1), "F", "f");
-            luaL_gsub(L, lua_tostring(L, -1), "Q", "q");
+            l_push_types(L, lc->c, k[0] == 'v');
         }
         return 1;
     }

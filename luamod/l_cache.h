@@ -34,8 +34,17 @@ l_cache *l_cache_check(lua_State *L, int idx);
 void l_cache_before_eval(lua_State *L, l_cache *lc);
 void l_cache_after_eval(lua_State *L, l_cache *lc);
 
+/* Reads option field of the options table at opts as K/V types per layer
+ * into out (n_layer entries): absent (f16 everywhere; returns 0), a name
+ * ("f16", "f32", "q8_0", "q4_0"), or a table { default = name, [i] = name }
+ * / { name, [i] = name } with 0-based layer indices i (returns 1). Raises
+ * on anything else. */
+int l_kv_types(lua_State *L, int opts, const char *field, int n_layer, int *out);
+
 /* Provided by kvlua.c: the engine model of the Model at idx (raises if
- * closed), counted as used until l_model_unhold. */
+ * closed): l_model_peek only looks; l_model_hold counts it as used until
+ * l_model_unhold. */
+kv_model *l_model_peek(lua_State *L, int idx);
 kv_model *l_model_hold(lua_State *L, int idx, void **owner);
 void l_model_unhold(void *owner);
 
