@@ -13,6 +13,7 @@ const char *kv_status_to_string(kv_status s) {
     case KV_ERR_ARG: return "bad argument";
     case KV_ERR_CONTEXT_FULL: return "context full";
     case KV_ERR_NUMERIC: return "numeric";
+    case KV_ERR_DEVICE: return "device";
     }
     return "unknown";
 }
