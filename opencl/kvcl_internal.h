@@ -114,4 +114,11 @@ kv_status kvcl_launch_run(kvcl_launch *L, int dims, const size_t *global, const 
 
 static inline size_t kvcl_round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
+/* items of deq_<type> along a row: its blocks (deq_block in blocks.cl: 256
+ * elements for the K-quants, 32 otherwise) and a float row's tail */
+static inline size_t kvcl_deq_items(int type, int64_t cols) {
+    const int64_t be = kv_type_traits_get(type)->blck == 256 ? 256 : 32;
+    return (size_t)((cols + be - 1) / be);
+}
+
 #endif

@@ -154,7 +154,7 @@ static kv_status dequant_tile(const mm_call *m, int p, int64_t r, int64_t n, cl_
     kvcl_arg_int(&L, (int)(r + n)), kvcl_arg_int(&L, (int)K);
     kvcl_arg_mem(&L, NULL), kvcl_arg_int(&L, 0), kvcl_arg_int(&L, (int)r);
     kvcl_arg_mem(&L, tile), kvcl_arg_ulong(&L, 0), kvcl_arg_int(&L, (int)K);
-    size_t g[2] = {(size_t)(K + 31) / 32, (size_t)n};
+    size_t g[2] = {kvcl_deq_items(m->w->type, K), (size_t)n};
     return kvcl_launch_run(&L, 2, g, NULL, "dequantize", e);
 }
 

@@ -125,7 +125,7 @@ kv_status kvcl_embed(kvcl_ctx *c, const kvcl_weight *emb, kvcl_buf *ids, int64_t
         kvcl_arg_int(&L, (int)rows), kvcl_arg_int(&L, (int)emb->cols);
         kvcl_arg_mem(&L, im), kvcl_arg_int(&L, (int)row0), kvcl_arg_int(&L, 0);
         kvcl_arg_mem(&L, om), kvcl_arg_ulong(&L, out.off), kvcl_arg_int(&L, (int)emb->cols);
-        size_t g[2] = {(size_t)(emb->cols + 31) / 32, (size_t)T};
+        size_t g[2] = {kvcl_deq_items(emb->type, emb->cols), (size_t)T};
         if (kvcl_launch_run(&L, 2, g, NULL, "embed", e) != KV_OK) return c->failed;
     }
     return KV_OK;

@@ -3,13 +3,14 @@
  * dequantization: y(T, rows) [row stride ldy] = x(T, cols) . W(rows, cols)^T.
  *
  *   gemv_<type>     decode: one item per (row, token), the row's blocks
- *                   decoded in registers (float16 vectors: PoCL and other
- *                   CPU drivers vectorize inside an item), 16 lane sums.
+ *                   decoded in registers (deq_block: float16 vectors; PoCL
+ *                   and other CPU drivers vectorize inside an item), 16
+ *                   lane sums.
  *   gemv_wg_<type>  decode for GPUs: one work-group per (row, token), its
  *                   items take sub-blocks in turn (neighbouring items read
  *                   neighbouring blocks), a tree sum in local memory.
- *   tiled_<type>    prefill: one item per (row, 8 tokens); each sub-block
- *                   is decoded once and used for the 8 tokens.
+ *   tiled_<type>    prefill: one item per (row, 8 tokens); each block is
+ *                   decoded once and used for the 8 tokens.
  *   deq_<type>      rows to float (the CLBlast path's tiles; the embedding
  *                   lookup with an id list).
  *
@@ -28,16 +29,16 @@
 /* dot(row of W, x) over cols, 16 lanes: lane k sums the products of
  * elements k, k + 16, ... then the lanes are summed */
 inline float row_dot(const int type, const global uchar *w, const global float *x, int cols) {
-    const int nsb = cols / 32;
-    float16 acc = 0.0f;
-    for (int sb = 0; sb < nsb; sb++) {
-        float16 lo, hi;
-        deq32(type, w, sb, &lo, &hi);
-        acc = fma(lo, vload16(0, x + 32 * sb), acc);
-        acc = fma(hi, vload16(0, x + 32 * sb + 16), acc);
+    const int be = block_elems(type), nb = cols / be;
+    float16 acc = 0.0f, v[16];
+    for (int b = 0; b < nb; b++) {
+        deq_block(type, w, b, v);
+#pragma unroll
+        for (int k = 0; k < 16; k++) /* a constant trip count unrolls; be / 16 of them are live */
+            if (k < be / 16) acc = fma(v[k], vload16(0, x + be * b + 16 * k), acc);
     }
     float s = hsum16(acc);
-    for (int i = 32 * nsb; i < cols; i++) s = fma(deq1(type, w, i), x[i], s);
+    for (int i = be * nb; i < cols; i++) s = fma(deq1(type, w, i), x[i], s);
     return s;
 }
 
@@ -87,32 +88,32 @@ inline void tiled(const int type, GEMV_PARAMS, int T) {
     const global uchar *w = W + r * row_bytes;
     const global float *xt[MM_TOKENS];
     for (int k = 0; k < MM_TOKENS; k++) xt[k] = x + xoff + (ulong)min(t0 + k, T - 1) * cols;
-    const int nsb = cols / 32;
-    float16 acc[MM_TOKENS];
+    const int be = block_elems(type), nb = cols / be;
+    float16 acc[MM_TOKENS], v[16];
     for (int k = 0; k < MM_TOKENS; k++) acc[k] = 0.0f;
-    for (int sb = 0; sb < nsb; sb++) {
-        float16 lo, hi;
-        deq32(type, w, sb, &lo, &hi);
-        for (int k = 0; k < MM_TOKENS; k++) {
-            acc[k] = fma(lo, vload16(0, xt[k] + 32 * sb), acc[k]);
-            acc[k] = fma(hi, vload16(0, xt[k] + 32 * sb + 16), acc[k]);
-        }
+    for (int b = 0; b < nb; b++) {
+        deq_block(type, w, b, v);
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int k = 0; k < MM_TOKENS; k++)
+                if (j < be / 16) acc[k] = fma(v[j], vload16(0, xt[k] + be * b + 16 * j), acc[k]);
     }
     for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
         float s = hsum16(acc[k]);
-        for (int i = 32 * nsb; i < cols; i++) s = fma(deq1(type, w, i), xt[k][i], s);
+        for (int i = be * nb; i < cols; i++) s = fma(deq1(type, w, i), xt[k][i], s);
         if (bias) s += bias[row0 + r];
         y[yoff + (ulong)(t0 + k) * ldy + row0 + r] = s;
     }
 }
 
-/* item (sb, i): sub-block sb of output row i (sb == cols / 32: the tail of
- * a float row). The source row is first + i, or with ids, ids[i] - row0
- * when that falls in this part [row0, row0 + rows) (otherwise another
+/* item (b, i): block b (deq_block) of output row i (b == cols / 32: the
+ * tail of a float row). The source row is first + i, or with ids, ids[i] -
+ * row0 when that falls in this part [row0, row0 + rows) (otherwise another
  * launch writes the row). out(n, cols) row stride ldo. */
 inline void deq(const int type, global const uchar *W, ulong row_bytes, int rows, int cols,
                 global const int *ids, int row0, int first, global float *out, ulong ooff, int ldo) {
-    const int sb = get_global_id(0), i = get_global_id(1);
+    const int b = get_global_id(0), i = get_global_id(1), be = block_elems(type);
     int r = first + i;
     if (ids) {
         r = ids[i] - row0;
@@ -120,13 +121,14 @@ inline void deq(const int type, global const uchar *W, ulong row_bytes, int rows
     }
     const global uchar *w = W + r * row_bytes;
     global float *o = out + ooff + (ulong)i * ldo;
-    if (sb < cols / 32) {
-        float16 lo, hi;
-        deq32(type, w, sb, &lo, &hi);
-        vstore16(lo, 0, o + 32 * sb);
-        vstore16(hi, 0, o + 32 * sb + 16);
+    if (b < cols / be) {
+        float16 v[16];
+        deq_block(type, w, b, v);
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+            if (k < be / 16) vstore16(v[k], 0, o + be * b + 16 * k);
     } else {
-        for (int k = 32 * sb; k < cols; k++) o[k] = deq1(type, w, k);
+        for (int k = be * b; k < cols; k++) o[k] = deq1(type, w, k);
     }
 }
 
