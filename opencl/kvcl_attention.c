@@ -20,7 +20,7 @@
 #define ATT_MIN_GROUPS 64  /* fewer (token block, KV head) groups than this: split the keys */
 
 size_t kvcl_kv_row_bytes(int type, int n) {
-    if (n <= 0) return 0;
+    if (n <= 0 || n % 16) return 0; /* kvstore.cl moves rows 16 values at a time */
     if (type == KV_TYPE_F32) return (size_t)n * 4;
     if (type == KV_TYPE_F16) return (size_t)n * 2;
     if (type == KV_TYPE_Q8_0 && n % 32 == 0) return (size_t)n / 32 * 34;

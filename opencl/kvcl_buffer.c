@@ -17,6 +17,9 @@ kv_status kvcl_buf_create(kvcl_ctx *c, size_t bytes, size_t unit, kvcl_buf **out
         return kv_fail(e, KV_ERR_NOMEM, "OpenCL buffer: a unit of %zu bytes exceeds the largest allocation (%llu)",
                        unit, (unsigned long long)c->max_alloc);
     if (bytes == 0) bytes = unit;
+    if (bytes > c->info.memory - c->in_use) /* drivers that allocate lazily would fail later, or never */
+        return kv_fail(e, KV_ERR_NOMEM, "OpenCL: %zu bytes more exceed the %llu bytes of %s (%llu in use)", bytes,
+                       (unsigned long long)c->info.memory, c->info.name, (unsigned long long)c->in_use);
     size_t part = (size_t)(c->max_alloc / unit) * unit;
     if (part > bytes) part = bytes;
     size_t n_parts = (bytes + part - 1) / part;
@@ -28,6 +31,7 @@ kv_status kvcl_buf_create(kvcl_ctx *c, size_t bytes, size_t unit, kvcl_buf **out
         return kv_fail(e, KV_ERR_NOMEM, "out of memory");
     }
     *b = (kvcl_buf){c, bytes, part, (int)n_parts, parts};
+    c->in_use += bytes;
     for (size_t i = 0; i < n_parts; i++) {
         size_t n = i + 1 < n_parts ? part : bytes - part * i;
         cl_int err;
@@ -46,6 +50,7 @@ void kvcl_buf_free(kvcl_buf *b) {
     if (!b) return;
     for (int i = 0; i < b->n_parts; i++)
         if (b->parts[i]) clReleaseMemObject(b->parts[i]);
+    b->c->in_use -= b->bytes;
     free(b->parts);
     free(b);
 }
@@ -111,10 +116,10 @@ kv_status kvcl_scratch(kvcl_ctx *c, size_t bytes, cl_mem *out, kv_error *e) {
         *out = c->scratch;
         return KV_OK;
     }
-    if (bytes > c->max_alloc)
-        return kv_fail(e, KV_ERR_NOMEM, "OpenCL scratch of %zu bytes exceeds the largest allocation (%llu)", bytes,
-                       (unsigned long long)c->max_alloc);
+    if (bytes > c->max_alloc || bytes > c->info.memory - (c->in_use - c->scratch_bytes))
+        return kv_fail(e, KV_ERR_NOMEM, "OpenCL scratch of %zu bytes: more than %s holds", bytes, c->info.name);
     if (c->scratch) clReleaseMemObject(c->scratch); /* freed once queued commands are done with it */
+    c->in_use -= c->scratch_bytes;
     c->scratch = NULL;
     c->scratch_bytes = 0;
     cl_int err;
@@ -124,6 +129,7 @@ kv_status kvcl_scratch(kvcl_ctx *c, size_t bytes, cl_mem *out, kv_error *e) {
         return kv_fail(e, kvcl_status_of(err), "OpenCL scratch of %zu bytes: %s", bytes, kvcl_errstr(err));
     }
     c->scratch_bytes = bytes;
+    c->in_use += bytes;
     *out = c->scratch;
     return KV_OK;
 }

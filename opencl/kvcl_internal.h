@@ -50,6 +50,7 @@ struct kvcl_ctx {
     cl_kernel rmsnorm, rope, add, scale, softcap, add_bias, ffn_act, all_finite;
     cl_kernel kv_store, attention, attention_merge;
 
+    uint64_t in_use;      /* bytes of buffers (and scratch) allocated, at most info.memory */
     cl_mem scratch;       /* grows on demand: CLBlast tiles, attention partials */
     size_t scratch_bytes;
     cl_mem flag;          /* one int (all_finite) */

@@ -92,7 +92,8 @@ typedef struct {
     int n_head_kv, head_dim, head_dim_v;
 } kvcl_pages;
 
-/* Bytes of one stored row (0: type unusable for K/V with n). */
+/* Bytes of one stored row (0: type unusable for K/V with n; n must be a
+ * multiple of 16, of 32 for Q8_0). */
 size_t kvcl_kv_row_bytes(int type, int n);
 /* k(T, n_head_kv, head_dim) and v(T, n_head_kv, head_dim_v) into positions
  * pos0 .. pos0 + T - 1 (their pages must be in the table). */

@@ -4,8 +4,9 @@
  *
  *   - the device layer: program build, the binary cache (second open reads
  *     it; corrupt entries are rebuilt), build errors with their log, bad
- *     device index, buffers split over parts, a failed launch marking the
- *     context unusable;
+ *     device index, buffers split over parts, more memory than the device
+ *     has, a failed launch marking the context unusable, the prefill path
+ *     choice kept on disk;
  *   - embedding / dequantization of every weight type: bit-identical to
  *     kv_dequantize_row;
  *   - matrix products (GEMV row and work-group flavours, the tiled prefill
@@ -202,6 +203,48 @@ static void test_failed_launch(void) {
     kvcl_buf_free(b);
     kvcl_close(c);
     report(true, "closing a failed context", " ");
+}
+
+/* More than the device holds: refused up front (drivers that allocate
+ * lazily would fail at first use, or overcommit), the context still works. */
+static void test_out_of_memory(kvcl_ctx *c) {
+    const uint64_t mem = kvcl_ctx_device(c)->memory;
+    kvcl_buf *big = (kvcl_buf *)1, *half = NULL;
+    kv_status st = kvcl_buf_create(c, (size_t)(mem + 4096), 4096, &big, &g_err);
+    report(st == KV_ERR_NOMEM && !big && strstr(g_err.msg, "exceed"), "buffer larger than the device: KV_ERR_NOMEM",
+           "%d: %s", st, g_err.msg);
+    st = kvcl_buf_create(c, (size_t)(mem / 2 + 4096), 1, &half, &g_err);
+    kvcl_buf *other = NULL;
+    kv_status st2 = st == KV_OK ? kvcl_buf_create(c, (size_t)(mem / 2 + 4096), 1, &other, &g_err) : st;
+    report(st == KV_OK && st2 == KV_ERR_NOMEM && !other, "two halves and a bit: the second refused", "%d %d: %s", st,
+           st2, g_err.msg);
+    kvcl_buf_free(half);
+    float one = 1.0f, back = 0.0f;
+    kvcl_buf *b = dev_floats(c, &one, 1);
+    st = kvcl_scale(c, kvcl_at(b, 0), 1, 3.0f, &g_err);
+    if (st == KV_OK) get_floats(c, b, 0, &back, 1);
+    report(st == KV_OK && back == 3.0f, "the context works after refusals", "%d %g", st, back);
+    kvcl_buf_free(b);
+}
+
+/* The prefill path measured once, then read back from the cache directory
+ * (which path wins is the device's business: not asserted). */
+static void test_prefill_choice(void) {
+    kvcl_options o = {.cache_dir = g_cache};
+    kvcl_ctx *c = open_ctx(&o);
+    bool measured = false, again = true;
+    double g[2];
+    kv_status st = kvcl_prefill_choose(c, KV_TYPE_Q8_0, 256, 256, 16, &measured, g, &g_err);
+    const int first = kvcl_prefill_path(c);
+    report(st == KV_OK && measured && g[0] > 0 && (g[1] > 0) == kvcl_have_clblast(),
+           "prefill choice: both paths timed the first time", "%d: %s", st, st ? g_err.msg : "");
+    printf("     (tiled %.1f, clblast %.1f GFLOP/s: %s)\n", g[0], g[1], first == KVCL_MM_TILED ? "tiled" : "clblast");
+    kvcl_close(c);
+    c = open_ctx(&o);
+    st = kvcl_prefill_choose(c, KV_TYPE_Q8_0, 256, 256, 16, &again, g, &g_err);
+    report(st == KV_OK && !again && kvcl_prefill_path(c) == first, "prefill choice: read back, not timed again",
+           "%d measured %d", st, again);
+    kvcl_close(c);
 }
 
 /* ==== embedding / dequantization ===================================================== */
@@ -812,6 +855,7 @@ int main(void) {
     test_program_cache();
     test_open_errors();
     test_failed_launch();
+    test_prefill_choice();
 
     kvcl_options o = {.cache_dir = g_cache};
     g_c = open_ctx(&o);
@@ -819,6 +863,7 @@ int main(void) {
     kvcl_options small = {.cache_dir = g_cache, .max_alloc = 32 << 10};
     kvcl_ctx *split = open_ctx(&small);
 
+    test_out_of_memory(g_c);
     test_embed_on(g_c, "");
     test_embed_on(split, "split");
 

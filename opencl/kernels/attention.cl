@@ -16,7 +16,7 @@
  * order. split_len = 0: one split, the output written directly.
  *
  * Numerics as the engine's scalar path: q rounded to f16 when K is F16,
- * scores q.k in float, soft cap s = cap * tanh(s * scale / cap) (then the
+ * scores q.k in float (16 lane sums), soft cap s = cap * tanh(s * scale / cap) (then the
  * softmax scale is 1), probabilities exp(scale * (s - max)).
  */
 #pragma OPENCL FP_CONTRACT ON
@@ -25,13 +25,14 @@
 #define ATT_HD_MAX 256 /* largest head_dim / head_dim_v */
 #define ATT_BK_MAX 64  /* largest bk */
 
-/* the K (or V) rows of keys k0 .. k0 + n - 1 of head g as floats, tile(n, hd) */
+/* the K (or V) rows of keys k0 .. k0 + n - 1 of head g as floats,
+ * tile(n, hd): one row per item in turn, 16 values at a time */
 inline void load_tile(local float *tile, const global uchar *buf, KV_PAGE_PARAMS, int type,
                       int row_bytes, int g, int k0, int n, int hd) {
     const int lid = get_local_id(0), R = get_local_size(0);
-    for (int e = lid; e < n * hd; e += R) {
-        const int j = e / hd, i = e - j * hd;
-        tile[e] = kv_elem(type, buf + kv_row(KV_PAGE_ARGS, g, k0 + j, row_bytes), i);
+    for (int j = lid; j < n; j += R) {
+        const global uchar *row = buf + kv_row(KV_PAGE_ARGS, g, k0 + j, row_bytes);
+        for (int i = 0; i < hd; i += 16) vstore16(kv_load16(type, row, i), 0, tile + j * hd + i);
     }
 }
 
@@ -56,10 +57,12 @@ kernel void attention(global const float *q, ulong qoff, global const uchar *K, 
     /* this row: query position and visible keys [lo, qpos] */
     const int qpos = pos0 + t, lo = window > 0 ? max(0, qpos - window + 1) : 0;
 
-    float qf[ATT_HD_MAX], acc[ATT_HD_MAX], s[ATT_BK_MAX];
+    /* q (rounded like the K type) and the output accumulator, 16 lanes each */
+    float16 qv[ATT_HD_MAX / 16], acc[ATT_HD_MAX / 16];
+    float s[ATT_BK_MAX];
     const global float *qr = q + qoff + ((ulong)min(t, T - 1) * n_head + head) * hd; /* (hd) */
-    for (int i = 0; i < hd; i++) qf[i] = ktype == TYPE_F16 ? round_f16(qr[i]) : qr[i];
-    for (int i = 0; i < hdv; i++) acc[i] = 0.0f;
+    for (int k = 0; k < hd / 16; k++) qv[k] = ktype == TYPE_F16 ? round_f16x16(vload16(k, qr)) : vload16(k, qr);
+    for (int k = 0; k < hdv / 16; k++) acc[k] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const float sc = softcap > 0.0f ? 1.0f : scale; /* the exp scale */
 
@@ -74,9 +77,9 @@ kernel void attention(global const float *q, ulong qoff, global const uchar *K, 
         /* scores and their max */
         float cm = m;
         for (int j = jlo; j <= jhi; j++) {
-            const local float *kj = kt + j * hd;
-            float d = 0.0f;
-            for (int i = 0; i < hd; i++) d += qf[i] * kj[i];
+            float16 a = 0.0f;
+            for (int k = 0; k < hd / 16; k++) a = fma(qv[k], vload16(0, kt + j * hd + 16 * k), a);
+            float d = hsum16(a);
             if (softcap > 0.0f) d = softcap * tanh(d * scale / softcap);
             s[j] = d;
             cm = fmax(cm, d);
@@ -90,20 +93,20 @@ kernel void attention(global const float *q, ulong qoff, global const uchar *K, 
         }
         l = l * corr + ps;
         m = cm;
-        for (int i = 0; i < hdv; i++) {
-            float a = acc[i] * corr;
-            for (int j = jlo; j <= jhi; j++) a += s[j] * vt[j * hdv + i];
-            acc[i] = a;
+        for (int k = 0; k < hdv / 16; k++) {
+            float16 a = acc[k] * corr;
+            for (int j = jlo; j <= jhi; j++) a = fma((float16)s[j], vload16(0, vt + j * hdv + 16 * k), a);
+            acc[k] = a;
         }
     }
     if (!live) return;
     if (n_split == 1) {
         global float *o = out + ooff + ((ulong)t * n_head + head) * hdv; /* (hdv) */
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int i = 0; i < hdv; i++) o[i] = acc[i] * inv;
+        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k] * inv, k, o);
     } else {
         global float *p = part + (((ulong)sp * T + t) * n_head + head) * (hdv + 2); /* (hdv + 2) */
-        for (int i = 0; i < hdv; i++) p[i] = acc[i];
+        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, p);
         p[hdv] = m * sc; /* the max in exp units */
         p[hdv + 1] = l;
     }

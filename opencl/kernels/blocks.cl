@@ -48,6 +48,13 @@ inline float round_f16(float x) {
     return vload_half(0, (const private half *)&h);
 }
 
+/* the same for 16 values */
+inline float16 round_f16x16(float16 x) {
+    ushort16 h;
+    vstore_half16_rte(x, 0, (private half *)&h);
+    return vload_half16(0, (const private half *)&h);
+}
+
 /* 16 unsigned nibbles (low or high) as ints */
 inline int16 nib_lo(uchar16 q) { return convert_int16(q & (uchar16)0xF); }
 inline int16 nib_hi(uchar16 q) { return convert_int16(q >> (uchar16)4); }

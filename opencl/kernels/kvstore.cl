@@ -7,7 +7,8 @@
  * id. In one layer's K (or V) buffer, head h, page p, token t of the page
  * is row ((h * max_pages + p) * pt + t), row_bytes each: F32 (head_dim
  * floats), F16 (head_dim halves) or Q8_0 (head_dim / 32 blocks of an f16
- * scale and 32 int8, 34 bytes per 32 values).
+ * scale and 32 int8, 34 bytes per 32 values). Head sizes are multiples of
+ * 16 (32 for Q8_0): rows are read and written 16 values at a time.
  */
 #pragma OPENCL FP_CONTRACT OFF
 
@@ -20,21 +21,21 @@ inline ulong kv_row(KV_PAGE_PARAMS, int h, int pos, int row_bytes) {
     return (((ulong)h * max_pages + page) * (1 << pt_log2) + t) * row_bytes;
 }
 
-/* element i of a stored row */
-inline float kv_elem(int type, const global uchar *row, int i) {
-    if (type == TYPE_F16) return vload_half(i, (const global half *)row);
+/* values [i, i + 16) of a stored row (i % 16 == 0) */
+inline float16 kv_load16(int type, const global uchar *row, int i) {
+    if (type == TYPE_F16) return vload_half16(0, (const global half *)row + i);
     if (type == TYPE_Q8_0) {
         const global uchar *b = row + (i / 32) * 34;
-        return (float)((const global char *)b)[2 + i % 32] * f16_at(b, 0);
+        return convert_float16(as_char16(vload16(0, b + 2 + i % 32))) * f16_at(b, 0);
     }
-    return ((const global float *)row)[i];
+    return vload16(0, (const global float *)row + i);
 }
 
 /* one row of n floats into the type (Q8_0 as the engine's quantizer:
  * d = amax / 127 stored as f16, q = round(x / d) with the float d) */
 inline void kv_put(int type, global uchar *row, const global float *x, int n) {
     if (type == TYPE_F16) {
-        for (int i = 0; i < n; i++) vstore_half_rte(x[i], i, (global half *)row);
+        for (int i = 0; i < n; i += 16) vstore_half16_rte(vload16(0, x + i), 0, (global half *)row + i);
     } else if (type == TYPE_Q8_0) {
         for (int b0 = 0; b0 < n; b0 += 32) {
             global uchar *b = row + (b0 / 32) * 34;
