@@ -15,7 +15,12 @@
  * Errors: every function returns a kv_status and a message (kv_error.h);
  * nothing exits. Ops are queued, not waited for; an error from a launch or
  * a wait marks the context failed, and every later call returns that first
- * message (closing still works). Without OpenCL at build time
+ * message (closing still works). Buffers count against the device's
+ * global memory: asking for more fails up front with KV_ERR_NOMEM (some
+ * drivers allocate lazily and would fail later, or overcommit).
+ *
+ * A context and its buffers are used by one thread at a time (kernel
+ * arguments live in the context). Without OpenCL at build time
  * (KV_HAVE_OPENCL undefined) only kvcl_devices exists and reports none.
  */
 #ifndef KVCL_H

@@ -70,8 +70,8 @@ kv_status kvcl_kv_store(kvcl_ctx *c, const kvcl_pages *pg, int pos0, int64_t T, 
     kvcl_arg_mem(&L, km), kvcl_arg_ulong(&L, k.off), kvcl_arg_mem(&L, vm), kvcl_arg_ulong(&L, v.off);
     kvcl_arg_int(&L, pos0), kvcl_arg_int(&L, pg->n_head_kv), kvcl_arg_int(&L, pg->head_dim);
     kvcl_arg_int(&L, pg->head_dim_v);
-    size_t g[2] = {(size_t)pg->n_head_kv, (size_t)T};
-    return kvcl_launch_run(&L, 2, g, NULL, "kv_store", e);
+    size_t g[2] = {kvcl_round_up((size_t)pg->n_head_kv, 16), (size_t)T}, l[2] = {16, 1};
+    return kvcl_launch_run(&L, 2, g, l, "kv_store", e);
 }
 
 /* ---- attention ---- */
@@ -110,8 +110,8 @@ static kv_status merge(kvcl_ctx *c, cl_mem part, const att_shape *s, int64_t row
     kvcl_launch L = kvcl_launch_begin(c, c->attention_merge);
     kvcl_arg_mem(&L, part), kvcl_arg_int(&L, s->n_split), kvcl_arg_int(&L, (int)rows), kvcl_arg_int(&L, hdv);
     kvcl_arg_mem(&L, out), kvcl_arg_ulong(&L, ooff);
-    size_t g[2] = {(size_t)hdv, (size_t)rows};
-    return kvcl_launch_run(&L, 2, g, NULL, "attention merge", e);
+    size_t g[2] = {kvcl_round_up((size_t)hdv, 16), (size_t)rows}, l[2] = {16, 1};
+    return kvcl_launch_run(&L, 2, g, l, "attention merge", e);
 }
 
 kv_status kvcl_attention(kvcl_ctx *c, const kvcl_pages *pg, const kv_attn_params *ap, kvcl_view q, int64_t T,

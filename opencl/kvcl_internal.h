@@ -109,7 +109,9 @@ void kvcl_arg_int(kvcl_launch *L, int v);
 void kvcl_arg_long(kvcl_launch *L, int64_t v);
 void kvcl_arg_ulong(kvcl_launch *L, uint64_t v);
 void kvcl_arg_float(kvcl_launch *L, float v);
-/* local may be NULL; global sizes must be multiples of local ones */
+/* Global sizes must be multiples of the local ones. Every op passes its
+ * local size (not NULL): drivers that compile a kernel per work-group
+ * size (PoCL) would otherwise build one per global size they are given. */
 kv_status kvcl_launch_run(kvcl_launch *L, int dims, const size_t *global, const size_t *local,
                           const char *what, kv_error *e);
 

@@ -154,8 +154,8 @@ static kv_status dequant_tile(const mm_call *m, int p, int64_t r, int64_t n, cl_
     kvcl_arg_int(&L, (int)(r + n)), kvcl_arg_int(&L, (int)K);
     kvcl_arg_mem(&L, NULL), kvcl_arg_int(&L, 0), kvcl_arg_int(&L, (int)r);
     kvcl_arg_mem(&L, tile), kvcl_arg_ulong(&L, 0), kvcl_arg_int(&L, (int)K);
-    size_t g[2] = {kvcl_deq_items(m->w->type, K), (size_t)n};
-    return kvcl_launch_run(&L, 2, g, NULL, "dequantize", e);
+    size_t g[2] = {kvcl_round_up(kvcl_deq_items(m->w->type, K), 16), (size_t)n}, l[2] = {16, 1};
+    return kvcl_launch_run(&L, 2, g, l, "dequantize", e);
 }
 
 static kv_status add_bias(const mm_call *m, kv_error *e) {

@@ -49,8 +49,8 @@ kv_status kvcl_rope(kvcl_ctx *c, kvcl_view x, int64_t T, int n_head, int head_di
     kvcl_arg_int(&L, n_head), kvcl_arg_int(&L, head_dim), kvcl_arg_int(&L, rp->n_rot);
     kvcl_arg_int(&L, rp->mode == KV_ROPE_NEOX), kvcl_arg_float(&L, theta_scale);
     kvcl_arg_float(&L, rp->freq_scale), kvcl_arg_mem(&L, fm);
-    size_t g[2] = {(size_t)rp->n_rot / 2, (size_t)T};
-    return kvcl_launch_run(&L, 2, g, NULL, "rope", e);
+    size_t g[2] = {kvcl_round_up((size_t)rp->n_rot / 2, 16), (size_t)T}, l[2] = {16, 1};
+    return kvcl_launch_run(&L, 2, g, l, "rope", e);
 }
 
 kv_status kvcl_add(kvcl_ctx *c, kvcl_view y, kvcl_view x, int64_t n, kv_error *e) {
@@ -125,8 +125,8 @@ kv_status kvcl_embed(kvcl_ctx *c, const kvcl_weight *emb, kvcl_buf *ids, int64_t
         kvcl_arg_int(&L, (int)rows), kvcl_arg_int(&L, (int)emb->cols);
         kvcl_arg_mem(&L, im), kvcl_arg_int(&L, (int)row0), kvcl_arg_int(&L, 0);
         kvcl_arg_mem(&L, om), kvcl_arg_ulong(&L, out.off), kvcl_arg_int(&L, (int)emb->cols);
-        size_t g[2] = {kvcl_deq_items(emb->type, emb->cols), (size_t)T};
-        if (kvcl_launch_run(&L, 2, g, NULL, "embed", e) != KV_OK) return c->failed;
+        size_t g[2] = {kvcl_round_up(kvcl_deq_items(emb->type, emb->cols), 16), (size_t)T}, l[2] = {16, 1};
+        if (kvcl_launch_run(&L, 2, g, l, "embed", e) != KV_OK) return c->failed;
     }
     return KV_OK;
 }

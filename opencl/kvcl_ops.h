@@ -78,7 +78,9 @@ kv_status kvcl_softcap(kvcl_ctx *c, kvcl_view x, int64_t n, float cap, kv_error 
 kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t n, int act, kv_error *e);
 /* *ok = every x(n) finite. Waits. */
 kv_status kvcl_all_finite(kvcl_ctx *c, kvcl_view x, int64_t n, bool *ok, kv_error *e);
-/* out(T, emb.cols) = rows ids(T) (int32 buffer) of the table, dequantized. */
+/* out(T, emb.cols) = rows ids(T) (int32 buffer) of the table, dequantized.
+ * ids must be < emb.rows (the caller checks them: an id out of range
+ * leaves its output row unwritten). */
 kv_status kvcl_embed(kvcl_ctx *c, const kvcl_weight *emb, kvcl_buf *ids, int64_t T, kvcl_view out, kv_error *e);
 
 /* ---- K/V pages and attention ---- */
@@ -96,7 +98,8 @@ typedef struct {
  * multiple of 16, of 32 for Q8_0). */
 size_t kvcl_kv_row_bytes(int type, int n);
 /* k(T, n_head_kv, head_dim) and v(T, n_head_kv, head_dim_v) into positions
- * pos0 .. pos0 + T - 1 (their pages must be in the table). */
+ * pos0 .. pos0 + T - 1 (their pages must be in the table, and the table's
+ * ids below max_pages: the kernels do not check them). */
 kv_status kvcl_kv_store(kvcl_ctx *c, const kvcl_pages *pg, int pos0, int64_t T, kvcl_view k, kvcl_view v,
                         kv_error *e);
 /* out(T, n_head, head_dim_v) = softmax(q k^T * scale, causal + window) v for

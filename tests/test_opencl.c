@@ -173,6 +173,7 @@ static void test_program_cache(void) {
 }
 
 static void test_open_errors(void) {
+    printf("     (a driver may print the build error of the next case itself)\n");
     kvcl_ctx *c = (kvcl_ctx *)1;
     kvcl_options o = {.cache_dir = "", .extra_source = "kernel void broken(global float *x) { x[0] = undeclared; }"};
     kv_status st = kvcl_open(&o, &c, &g_err);

@@ -114,6 +114,7 @@ inline void tiled(const int type, GEMV_PARAMS, int T) {
 inline void deq(const int type, global const uchar *W, ulong row_bytes, int rows, int cols,
                 global const int *ids, int row0, int first, global float *out, ulong ooff, int ldo) {
     const int b = get_global_id(0), i = get_global_id(1), be = block_elems(type);
+    if (b >= (cols + be - 1) / be) return; /* the global size is rounded up */
     int r = first + i;
     if (ids) {
         r = ids[i] - row0;
