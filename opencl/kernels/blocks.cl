@@ -122,33 +122,32 @@ inline void scale_min_k4(int j, const global uchar *s, float *sc, float *mn) {
 }
 
 /* Q4_K (144 bytes): d, dmin, scales[12], qs[128]; sub-blocks 2i and 2i+1
- * share qs[32 i ..] (low, high nibbles); y = (d * sc) * q - dmin * m */
-inline void deq32_q4_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
-    float sc, mn;
-    scale_min_k4(j, b + 4, &sc, &mn);
-    const float d1 = f16_at(b, 0) * sc, m1 = f16_at(b, 2) * mn;
-    const global uchar *qs = b + 16 + 32 * (j / 2);
-    const uchar16 q0 = vload16(0, qs), q1 = vload16(0, qs + 16);
-    const int16 a = (j & 1) ? nib_hi(q0) : nib_lo(q0);
-    const int16 c = (j & 1) ? nib_hi(q1) : nib_lo(q1);
-    *lo = d1 * convert_float16(a) - m1;
-    *hi = d1 * convert_float16(c) - m1;
-}
+ * share qs[32 i ..] (low, high nibbles); y = (d * sc) * q - dmin * m.
+ * Q5_K (176 bytes): d, dmin, scales[12], qh[32], qs[128] as Q4_K; bit j
+ * of qh[l] is the fifth bit of element l of sub-block j. */
 
-/* Q5_K (176 bytes): d, dmin, scales[12], qh[32] (bit j of qh[l] is the
- * fifth bit of element l of sub-block j), qs[128] as Q4_K */
-inline void deq32_q5_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
+/* sub-block j of either: qs at byte qs_off, h0 / h1 the fifth bits (times
+ * 16) of its two halves (0 for Q4_K) */
+inline void deq32_k4(const global uchar *b, int j, int qs_off, int16 h0, int16 h1, float16 *lo, float16 *hi) {
     float sc, mn;
     scale_min_k4(j, b + 4, &sc, &mn);
     const float d1 = f16_at(b, 0) * sc, m1 = f16_at(b, 2) * mn;
-    const global uchar *qs = b + 48 + 32 * (j / 2);
+    const global uchar *qs = b + qs_off + 32 * (j / 2);
     const uchar16 q0 = vload16(0, qs), q1 = vload16(0, qs + 16);
-    const int16 h0 = convert_int16((vload16(0, b + 16) >> (uchar16)j) & (uchar16)1) << 4;
-    const int16 h1 = convert_int16((vload16(0, b + 32) >> (uchar16)j) & (uchar16)1) << 4;
     const int16 a = ((j & 1) ? nib_hi(q0) : nib_lo(q0)) + h0;
     const int16 c = ((j & 1) ? nib_hi(q1) : nib_lo(q1)) + h1;
     *lo = d1 * convert_float16(a) - m1;
     *hi = d1 * convert_float16(c) - m1;
+}
+
+inline void deq32_q4_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
+    deq32_k4(b, j, 16, (int16)0, (int16)0, lo, hi);
+}
+
+inline void deq32_q5_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
+    const int16 h0 = convert_int16((vload16(0, b + 16) >> (uchar16)j) & (uchar16)1) << 4;
+    const int16 h1 = convert_int16((vload16(0, b + 32) >> (uchar16)j) & (uchar16)1) << 4;
+    deq32_k4(b, j, 48, h0, h1, lo, hi);
 }
 
 /* Q6_K (210 bytes): ql[128], qh[64], int8 scales[16], d. Sub-block j is
@@ -185,28 +184,16 @@ inline void k4_scales(const global uchar *b, float *d1, float *m1) {
     vstore4(dmin * convert_float4(convert_int4(mn_hi)), 1, m1);
 }
 
-/* Q4_K: pair p of sub-blocks (2p, 2p + 1) = low and high nibbles of qs[32 p ..] */
-inline void deq256_q4_k(const global uchar *b, float16 *v) {
+/* Q4_K (qh NULL) or Q5_K: pair p of sub-blocks (2p, 2p + 1) = the low and
+ * high nibbles of qs[32 p ..] (qs at byte qs_off), plus bits 2p and 2p + 1
+ * of qh[l] for Q5_K */
+inline void deq256_k4(const global uchar *b, int qs_off, const global uchar *qh, float16 *v) {
     float d1[8], m1[8];
     k4_scales(b, d1, m1);
+    const uchar16 h0 = qh ? vload16(0, qh) : (uchar16)0, h1 = qh ? vload16(1, qh) : (uchar16)0;
 #pragma unroll
     for (int p = 0; p < 4; p++) {
-        const uchar16 q0 = vload16(0, b + 16 + 32 * p), q1 = vload16(1, b + 16 + 32 * p);
-        v[4 * p + 0] = d1[2 * p] * convert_float16(nib_lo(q0)) - m1[2 * p];
-        v[4 * p + 1] = d1[2 * p] * convert_float16(nib_lo(q1)) - m1[2 * p];
-        v[4 * p + 2] = d1[2 * p + 1] * convert_float16(nib_hi(q0)) - m1[2 * p + 1];
-        v[4 * p + 3] = d1[2 * p + 1] * convert_float16(nib_hi(q1)) - m1[2 * p + 1];
-    }
-}
-
-/* Q5_K: as Q4_K, the fifth bit of element l of sub-block j is bit j of qh[l] */
-inline void deq256_q5_k(const global uchar *b, float16 *v) {
-    float d1[8], m1[8];
-    k4_scales(b, d1, m1);
-    const uchar16 h0 = vload16(0, b + 16), h1 = vload16(1, b + 16);
-#pragma unroll
-    for (int p = 0; p < 4; p++) {
-        const uchar16 q0 = vload16(0, b + 48 + 32 * p), q1 = vload16(1, b + 48 + 32 * p);
+        const uchar16 q0 = vload16(0, b + qs_off + 32 * p), q1 = vload16(1, b + qs_off + 32 * p);
         const uchar s0 = (uchar)(2 * p), s1 = (uchar)(2 * p + 1);
         const int16 a0 = nib_lo(q0) + (convert_int16((h0 >> s0) & (uchar16)1) << 4);
         const int16 a1 = nib_lo(q1) + (convert_int16((h1 >> s0) & (uchar16)1) << 4);
@@ -284,8 +271,8 @@ inline int block_elems(const int type) {
  * the K-quants (their scales decoded once), sub-blocks otherwise. */
 inline void deq_block(const int type, const global uchar *row, int b, float16 *v) {
     switch (type) {
-    case TYPE_Q4_K: deq256_q4_k(row + 144 * b, v); break;
-    case TYPE_Q5_K: deq256_q5_k(row + 176 * b, v); break;
+    case TYPE_Q4_K: deq256_k4(row + 144 * b, 16, NULL, v); break;
+    case TYPE_Q5_K: deq256_k4(row + 176 * b, 48, row + 176 * b + 16, v); break;
     case TYPE_Q6_K: deq256_q6_k(row + 210 * b, v); break;
     default: deq32(type, row, b, &v[0], &v[1]); break;
     }
