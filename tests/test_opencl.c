@@ -508,7 +508,7 @@ static void test_rope(kvcl_ctx *c) {
         for (int t = 0; t < T; t++) pos[t] = irand(8192);
         for (int64_t i = 0; i < n; i++) x[i] = ref[i] = frand();
         g_cpu.rope(&g_cpu, ref, T, n_head, hd, pos, &rp);
-        kvcl_buf *xb = dev_floats(c, x, n + 3), *pb = dev_buf(c, pos, sizeof(int32_t) * T);
+        kvcl_buf *xb = dev_floats(c, x, n), *pb = dev_buf(c, pos, sizeof(int32_t) * T);
         kvcl_buf *fb = dev_floats(c, factors, 128);
         kv_status st = kvcl_rope(c, kvcl_at(xb, 0), T, n_head, hd, pb, &rp, rp.freq_factors ? fb : NULL, &g_err);
         if (st == KV_OK) get_floats(c, xb, 0, got, n);
@@ -549,7 +549,7 @@ static void test_pointwise(kvcl_ctx *c) {
         float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
         float *ref = xmalloc(sizeof(float) * n), *got = xmalloc(sizeof(float) * n);
         for (int64_t i = 0; i < n; i++) a[i] = frand() * 12.0f, b[i] = frand() * 3.0f;
-        kvcl_buf *ab = dev_floats(c, a, n + 2), *bb = dev_floats(c, b, n);
+        kvcl_buf *ab = dev_buf(c, NULL, sizeof(float) * (n + 2)), *bb = dev_floats(c, b, n); /* a at offset 2 */
         struct {
             const char *name;
             double rel, abs;
