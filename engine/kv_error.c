@@ -14,6 +14,7 @@ const char *kv_status_to_string(kv_status s) {
     case KV_ERR_CONTEXT_FULL: return "context full";
     case KV_ERR_NUMERIC: return "numeric";
     case KV_ERR_CACHE_FULL: return "cache full";
+    case KV_ERR_DEVICE: return "device";
     }
     return "unknown";
 }

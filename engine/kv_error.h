@@ -20,6 +20,7 @@ typedef enum {
     KV_ERR_CONTEXT_FULL, /* a session has no room for more tokens */
     KV_ERR_NUMERIC,      /* NaN/Inf produced (corrupted weights) */
     KV_ERR_CACHE_FULL,   /* a KV cache has no page to give (all used or pinned) */
+    KV_ERR_DEVICE,       /* a compute device failed (kernel build, launch, wait) */
 } kv_status;
 
 #define KV_ERROR_MAX 512

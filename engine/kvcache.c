@@ -30,6 +30,28 @@ kv_status kv_kvcache_create(kv_cache *pool, int n_ctx, kv_kvcache **out, kv_erro
     return KV_OK;
 }
 
+kv_status kv_kvcache_create_bare(int n_layer, int n_kv, int head_dim, int head_dim_v, int n_ctx, int ktype,
+                                 int vtype, int page_tokens, kv_kvcache **out, kv_error *e) {
+    *out = NULL;
+    kv_pool_shape sh = {n_layer, n_kv, head_dim, head_dim_v, NULL};
+    kv_cache_params p = {.page_tokens = page_tokens, .ktype = ktype, .vtype = vtype};
+    kv_cache *pool;
+    kv_status st = kv_pool_open_bare(&sh, &p, n_ctx, &pool, e);
+    if (st) return st;
+    st = kv_kvcache_create(pool, n_ctx, out, e);
+    kv_cache_close(pool); /* the view holds it */
+    for (int i = 0; st == KV_OK && i < (*out)->n_lp; i++) {
+        int32_t id;
+        st = kv_pool_take(pool, 0, 1, &id, e);
+        if (st == KV_OK) (*out)->tab[0][i] = id;
+    }
+    if (st) {
+        kv_kvcache_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 void kv_kvcache_free(kv_kvcache *c) {
     if (!c) return;
     bool retained = true;

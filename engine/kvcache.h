@@ -27,6 +27,11 @@ typedef struct kv_cache kv_cache;
  * retains); kv_kvcache_free releases every page it references. */
 kv_status kv_kvcache_create(kv_cache *pool, int n_ctx, kv_kvcache **out, kv_error *e);
 void kv_kvcache_free(kv_kvcache *c); /* NULL is fine */
+/* Tables over a pool of their own for layers of this shape (all full
+ * attention, no model), with every page of n_ctx positions present: for
+ * kernel tests. */
+kv_status kv_kvcache_create_bare(int n_layer, int n_kv, int head_dim, int head_dim_v, int n_ctx, int ktype,
+                                 int vtype, int page_tokens, kv_kvcache **out, kv_error *e);
 
 /* K and V storage types of a layer (they may differ per layer). */
 int kv_kvcache_ktype(const kv_kvcache *c, int layer);

@@ -225,9 +225,11 @@ static void group_free(kv_group *G) {
 }
 
 static void pool_free(kv_cache *c) {
-    kv_cache **pp = kv_model_caches(c->m);
-    while (*pp && *pp != c) pp = &(*pp)->next_of_model;
-    if (*pp) *pp = c->next_of_model;
+    if (c->m) {
+        kv_cache **pp = kv_model_caches(c->m);
+        while (*pp && *pp != c) pp = &(*pp)->next_of_model;
+        if (*pp) *pp = c->next_of_model;
+    }
     for (int g = 0; g < c->n_groups; g++) group_free(&c->groups[g]);
     hmap_free(&c->pins);
     free(c->layer_group);
@@ -254,11 +256,11 @@ static int64_t group_need(const kv_cache *c, const kv_group *G, int64_t n_ctx) {
     return w < all ? w : all;
 }
 
-kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, kv_cache **out,
-                       kv_error *e) {
+/* The pool for layers of the given shape; m (NULL for a bare pool, as the
+ * kernel tests use) names the pages' model and is told about the cache. */
+static kv_status pool_open_shape(kv_model *m, const kv_pool_shape *in, const kv_cache_params *p, int private_ctx,
+                                 kv_cache **out, kv_error *e) {
     *out = NULL;
-    const kv_model_info *in = kv_model_info_get(m);
-    if (!in->has_weights) return kv_fail(e, KV_ERR_ARG, "cache: the model has no weights (vocabulary-only file)");
     const int pt = p->page_tokens ? p->page_tokens : 16;
     if (pt <= 0 || (pt & (pt - 1)) || pt > 65536)
         return kv_fail(e, KV_ERR_ARG, "cache: page_tokens must be a power of two in [1, 65536] (got %d)", pt);
@@ -282,12 +284,13 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
     kv_cache *c = calloc(1, sizeof *c);
     if (!c) return kv_fail(e, KV_ERR_NOMEM, "cache: out of memory");
     c->m = m;
+    c->n_layer = in->n_layer;
     c->refs = 1;
     c->is_private = private_ctx > 0;
     c->prefix = p->prefix;
     c->pt = pt;
     while ((1 << c->pt_log2) < pt) c->pt_log2++;
-    c->n_kv = in->n_head_kv, c->head_dim = in->head_dim, c->head_dim_v = in->head_dim_v;
+    c->n_kv = in->n_kv, c->head_dim = in->head_dim, c->head_dim_v = in->head_dim_v;
     const size_t L = (size_t)in->n_layer;
     c->layer_group = calloc(L, sizeof(int));
     c->layer_index = calloc(L, sizeof(int));
@@ -308,7 +311,7 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
     }
     /* layer groups: one per distinct attention span, in order of first use */
     for (int il = 0; il < in->n_layer; il++) {
-        int w = kv_model_layer_window(m, il), g = 0;
+        int w = in->windows ? in->windows[il] : 0, g = 0;
         while (g < c->n_groups && c->groups[g].window != w) g++;
         if (g == c->n_groups) {
             if (g == KV_MAX_GROUPS) {
@@ -398,9 +401,9 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
         }
     }
     /* h_0: the model file, the storage types and the page size */
-    uint8_t fp[32];
+    uint8_t fp[32] = {0};
     double secs;
-    if ((st = kv_model_fingerprint(m, fp, &secs, e))) goto fail;
+    if (m && (st = kv_model_fingerprint(m, fp, &secs, e))) goto fail;
     {
         crypto_generichash_state hs;
         crypto_generichash_init(&hs, NULL, 0, KV_HASH_BYTES);
@@ -412,9 +415,11 @@ kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, k
         crypto_generichash_update(&hs, (const uint8_t *)c->ktypes, 2 * L * sizeof(int)); /* every layer's K, V types */
         crypto_generichash_final(&hs, c->h0.b, KV_HASH_BYTES);
     }
-    kv_cache **head = kv_model_caches(m);
-    c->next_of_model = *head;
-    *head = c;
+    if (m) {
+        kv_cache **head = kv_model_caches(m);
+        c->next_of_model = *head;
+        *head = c;
+    }
     *out = c;
     return KV_OK;
 fail:
@@ -425,6 +430,26 @@ fail:
     free(c->krows);
     free(c);
     return st;
+}
+
+kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, kv_cache **out, kv_error *e) {
+    *out = NULL;
+    const kv_model_info *in = kv_model_info_get(m);
+    if (!in->has_weights) return kv_fail(e, KV_ERR_ARG, "cache: the model has no weights (vocabulary-only file)");
+    int *windows = malloc((size_t)in->n_layer * sizeof(int));
+    if (!windows) return kv_fail(e, KV_ERR_NOMEM, "cache: out of memory");
+    for (int il = 0; il < in->n_layer; il++) windows[il] = kv_model_layer_window(m, il);
+    kv_pool_shape sh = {in->n_layer, in->n_head_kv, in->head_dim, in->head_dim_v, windows};
+    kv_status st = pool_open_shape(m, &sh, p, private_ctx, out, e);
+    free(windows);
+    return st;
+}
+
+kv_status kv_pool_open_bare(const kv_pool_shape *sh, const kv_cache_params *p, int private_ctx, kv_cache **out,
+                            kv_error *e) {
+    if (!sh || sh->n_layer <= 0 || sh->n_kv <= 0 || sh->head_dim <= 0 || sh->head_dim_v <= 0 || private_ctx <= 0)
+        return kv_fail(e, KV_ERR_ARG, "cache: bad shape");
+    return pool_open_shape(NULL, sh, p, private_ctx, out, e);
 }
 
 kv_status kv_cache_open(kv_model *m, const kv_cache_params *p, kv_cache **out, kv_error *e) {
@@ -654,14 +679,13 @@ int kv_cache_page_tokens(const kv_cache *c) { return c->pt; }
 int kv_cache_n_groups(const kv_cache *c) { return c->n_groups; }
 int kv_cache_group_window(const kv_cache *c, int g) { return g >= 0 && g < c->n_groups ? c->groups[g].window : 0; }
 void kv_cache_types(const kv_cache *c, int il, int *kt, int *vt) {
-    const int n = kv_model_info_get(c->m)->n_layer;
-    if (il < 0 || il >= n) il = 0;
+    if (il < 0 || il >= c->n_layer) il = 0;
     *kt = c->ktypes[il], *vt = c->vtypes[il];
 }
 
 uint64_t kv_cache_bytes_per_token(const kv_cache *c) {
     uint64_t b = 0;
-    for (int il = 0; il < kv_model_info_get(c->m)->n_layer; il++) b += (uint64_t)c->n_kv * (c->krows[il] + c->vrows[il]);
+    for (int il = 0; il < c->n_layer; il++) b += (uint64_t)c->n_kv * (c->krows[il] + c->vrows[il]);
     return b;
 }
 const kv_model *kv_cache_model(const kv_cache *c) { return c->m; }

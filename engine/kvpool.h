@@ -82,7 +82,8 @@ typedef struct {
 } kv_group;
 
 struct kv_cache {
-    kv_model *m;
+    kv_model *m;         /* NULL: a bare pool (kernel tests) */
+    int n_layer;
     int refs;            /* owner + sessions */
     bool is_private;     /* a session's own pool: grows, never reports full */
     bool prefix;         /* hash full pages, reuse them */
@@ -115,6 +116,14 @@ struct kv_kvcache {
 /* ---- pool ---- */
 kv_status kv_pool_open(kv_model *m, const kv_cache_params *p, int private_ctx, kv_cache **out,
                        kv_error *e);
+/* A private pool for layers of a given shape and no model (no fingerprint:
+ * for kernel tests that need pages without a model file). */
+typedef struct {
+    int n_layer, n_kv, head_dim, head_dim_v;
+    const int *windows; /* (n_layer) attention window per layer, or NULL: all full */
+} kv_pool_shape;
+kv_status kv_pool_open_bare(const kv_pool_shape *sh, const kv_cache_params *p, int private_ctx, kv_cache **out,
+                            kv_error *e);
 void kv_cache_retain(kv_cache *c);
 
 /* Takes n new OWNED pages of group g (referenced once), evicting cached

@@ -1,0 +1,298 @@
+/*
+ * blocks.cl — the GGUF weight formats on the device: every kernel that reads
+ * weights (GEMV, the tiled prefill GEMM, dequantization for CLBlast and the
+ * embedding lookup) decodes them here.
+ *
+ * Two ways to read a row of `cols` elements:
+ *   deq32()      sub-block sb = elements [32 sb, 32 sb + 32) as two float16
+ *                (lo: the first 16, hi: the next 16); fine-grained, for
+ *                kernels that deal sub-blocks out to many work-items.
+ *   deq_block()  block b = block_elems(type) elements as float16 v[]: a
+ *                whole K-quant super-block of 256 (its scales decoded once;
+ *                three times faster per element on CPU drivers) or one
+ *                sub-block of 32 for the other formats.
+ * Float rows (F32, F16, BF16) may end in a tail of fewer than 32 elements
+ * (deq1()); rows of the quantized formats are whole blocks (checked on the
+ * host).
+ *
+ * The arithmetic repeats the engine's scalar dequantization (engine/quant.c)
+ * operation for operation, with contraction off, so values are bit-identical
+ * to kv_dequantize_row: (d * sc) * q - dmin * m ...
+ *
+ * This file is the first of the program; it also holds what every later
+ * file shares (type ids, f16 rounding).
+ */
+#pragma OPENCL FP_CONTRACT OFF
+
+/* ggml type ids (engine/types.h) */
+#define TYPE_F32 0
+#define TYPE_F16 1
+#define TYPE_Q4_0 2
+#define TYPE_Q4_1 3
+#define TYPE_Q5_0 6
+#define TYPE_Q5_1 7
+#define TYPE_Q8_0 8
+#define TYPE_Q4_K 12
+#define TYPE_Q5_K 13
+#define TYPE_Q6_K 14
+#define TYPE_BF16 30
+
+/* the f16 value at byte offset o of p (o even) */
+inline float f16_at(const global uchar *p, int o) { return vload_half(0, (const global half *)(p + o)); }
+
+/* x rounded to the nearest f16 (ties to even) and back (the bits live in a
+ * ushort: without cl_khr_fp16 a half variable may not be declared) */
+inline float round_f16(float x) {
+    ushort h;
+    vstore_half_rte(x, 0, (private half *)&h);
+    return vload_half(0, (const private half *)&h);
+}
+
+/* the same for 16 values */
+inline float16 round_f16x16(float16 x) {
+    ushort16 h;
+    vstore_half16_rte(x, 0, (private half *)&h);
+    return vload_half16(0, (const private half *)&h);
+}
+
+/* 16 unsigned nibbles (low or high) as ints */
+inline int16 nib_lo(uchar16 q) { return convert_int16(q & (uchar16)0xF); }
+inline int16 nib_hi(uchar16 q) { return convert_int16(q >> (uchar16)4); }
+
+/* bits [s, s + 16) of h, each as 0 or 16 */
+inline int16 bits16(uint h, uint s) {
+    const uint16 lane = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return convert_int16(((uint16)h >> (lane + s)) & 1u) << 4;
+}
+
+/* ---- the 32-element formats (one block per sub-block) ---- */
+
+/* Q4_0 (18 bytes): d, 16 bytes of nibbles; y = d * (q - 8) */
+inline void deq32_q4_0(const global uchar *b, float16 *lo, float16 *hi) {
+    const float d = f16_at(b, 0);
+    const uchar16 q = vload16(0, b + 2);
+    *lo = d * convert_float16(nib_lo(q) - 8);
+    *hi = d * convert_float16(nib_hi(q) - 8);
+}
+
+/* Q4_1 (20 bytes): d, m, nibbles; y = d * q + m */
+inline void deq32_q4_1(const global uchar *b, float16 *lo, float16 *hi) {
+    const float d = f16_at(b, 0), m = f16_at(b, 2);
+    const uchar16 q = vload16(0, b + 4);
+    *lo = d * convert_float16(nib_lo(q)) + m;
+    *hi = d * convert_float16(nib_hi(q)) + m;
+}
+
+/* Q5_0 (22 bytes): d, 32 high bits, nibbles; y = d * (q - 16) */
+inline void deq32_q5_0(const global uchar *b, float16 *lo, float16 *hi) {
+    const float d = f16_at(b, 0);
+    const uint qh = as_uint(vload4(0, b + 2));
+    const uchar16 q = vload16(0, b + 6);
+    *lo = d * convert_float16((nib_lo(q) | bits16(qh, 0)) - 16);
+    *hi = d * convert_float16((nib_hi(q) | bits16(qh, 16)) - 16);
+}
+
+/* Q5_1 (24 bytes): d, m, 32 high bits, nibbles; y = d * q + m */
+inline void deq32_q5_1(const global uchar *b, float16 *lo, float16 *hi) {
+    const float d = f16_at(b, 0), m = f16_at(b, 2);
+    const uint qh = as_uint(vload4(0, b + 4));
+    const uchar16 q = vload16(0, b + 8);
+    *lo = d * convert_float16(nib_lo(q) | bits16(qh, 0)) + m;
+    *hi = d * convert_float16(nib_hi(q) | bits16(qh, 16)) + m;
+}
+
+/* Q8_0 (34 bytes): d, 32 int8; y = q * d */
+inline void deq32_q8_0(const global uchar *b, float16 *lo, float16 *hi) {
+    const float d = f16_at(b, 0);
+    *lo = convert_float16(as_char16(vload16(0, b + 2))) * d;
+    *hi = convert_float16(as_char16(vload16(0, b + 18))) * d;
+}
+
+/* ---- K-quants: super-blocks of 256, sub-block j < 8 ---- */
+
+/* the 6-bit scale and min of sub-block j of a Q4_K / Q5_K scales[12] */
+inline void scale_min_k4(int j, const global uchar *s, float *sc, float *mn) {
+    if (j < 4) {
+        *sc = (float)(s[j] & 63);
+        *mn = (float)(s[j + 4] & 63);
+    } else {
+        *sc = (float)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+        *mn = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+/* Q4_K (144 bytes): d, dmin, scales[12], qs[128]; sub-blocks 2i and 2i+1
+ * share qs[32 i ..] (low, high nibbles); y = (d * sc) * q - dmin * m.
+ * Q5_K (176 bytes): d, dmin, scales[12], qh[32], qs[128] as Q4_K; bit j
+ * of qh[l] is the fifth bit of element l of sub-block j. */
+
+/* sub-block j of either: qs at byte qs_off, h0 / h1 the fifth bits (times
+ * 16) of its two halves (0 for Q4_K) */
+inline void deq32_k4(const global uchar *b, int j, int qs_off, int16 h0, int16 h1, float16 *lo, float16 *hi) {
+    float sc, mn;
+    scale_min_k4(j, b + 4, &sc, &mn);
+    const float d1 = f16_at(b, 0) * sc, m1 = f16_at(b, 2) * mn;
+    const global uchar *qs = b + qs_off + 32 * (j / 2);
+    const uchar16 q0 = vload16(0, qs), q1 = vload16(0, qs + 16);
+    const int16 a = ((j & 1) ? nib_hi(q0) : nib_lo(q0)) + h0;
+    const int16 c = ((j & 1) ? nib_hi(q1) : nib_lo(q1)) + h1;
+    *lo = d1 * convert_float16(a) - m1;
+    *hi = d1 * convert_float16(c) - m1;
+}
+
+inline void deq32_q4_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
+    deq32_k4(b, j, 16, (int16)0, (int16)0, lo, hi);
+}
+
+inline void deq32_q5_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
+    const int16 h0 = convert_int16((vload16(0, b + 16) >> (uchar16)j) & (uchar16)1) << 4;
+    const int16 h1 = convert_int16((vload16(0, b + 32) >> (uchar16)j) & (uchar16)1) << 4;
+    deq32_k4(b, j, 48, h0, h1, lo, hi);
+}
+
+/* Q6_K (210 bytes): ql[128], qh[64], int8 scales[16], d. Sub-block j is
+ * quarter g = j % 4 of half n = j / 4: low 4 bits from ql[64 n + 32 (g & 1)
+ * + l] (low nibble for g < 2, high otherwise), 2 high bits (qh[32 n + l] >>
+ * 2g), one scale per 16 elements; y = (d * sc) * (q - 32) */
+inline void deq32_q6_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
+    const int n = j / 4, g = j % 4;
+    const global uchar *ql = b + 64 * n + 32 * (g & 1), *qh = b + 128 + 32 * n;
+    const global char *sc = (const global char *)(b + 192 + 8 * n + 2 * g);
+    const float d = f16_at(b, 208);
+    const uchar16 l0 = vload16(0, ql), l1 = vload16(0, ql + 16);
+    const uchar sh = (uchar)(2 * g);
+    const int16 h0 = convert_int16((vload16(0, qh) >> sh) & (uchar16)3) << 4;
+    const int16 h1 = convert_int16((vload16(0, qh + 16) >> sh) & (uchar16)3) << 4;
+    const int16 a = ((g < 2) ? nib_lo(l0) : nib_hi(l0)) | h0;
+    const int16 c = ((g < 2) ? nib_lo(l1) : nib_hi(l1)) | h1;
+    *lo = (d * (float)sc[0]) * convert_float16(a - 32);
+    *hi = (d * (float)sc[1]) * convert_float16(c - 32);
+}
+
+/* ---- whole K-quant super-blocks (scales decoded once, v[16] = 256 values) ---- */
+
+/* the 8 scales and 8 mins of a Q4_K / Q5_K super-block, times d and dmin */
+inline void k4_scales(const global uchar *b, float *d1, float *m1) {
+    const float d = f16_at(b, 0), dmin = f16_at(b, 2);
+    const uchar4 s0 = vload4(0, b + 4), s1 = vload4(0, b + 8), s2 = vload4(0, b + 12);
+    const uchar4 sc_lo = s0 & (uchar4)63, mn_lo = s1 & (uchar4)63;
+    const uchar4 sc_hi = (s2 & (uchar4)0xF) | ((s0 >> (uchar4)6) << (uchar4)4);
+    const uchar4 mn_hi = (s2 >> (uchar4)4) | ((s1 >> (uchar4)6) << (uchar4)4);
+    vstore4(d * convert_float4(convert_int4(sc_lo)), 0, d1);
+    vstore4(d * convert_float4(convert_int4(sc_hi)), 1, d1);
+    vstore4(dmin * convert_float4(convert_int4(mn_lo)), 0, m1);
+    vstore4(dmin * convert_float4(convert_int4(mn_hi)), 1, m1);
+}
+
+/* Q4_K (qh NULL) or Q5_K: pair p of sub-blocks (2p, 2p + 1) = the low and
+ * high nibbles of qs[32 p ..] (qs at byte qs_off), plus bits 2p and 2p + 1
+ * of qh[l] for Q5_K */
+inline void deq256_k4(const global uchar *b, int qs_off, const global uchar *qh, float16 *v) {
+    float d1[8], m1[8];
+    k4_scales(b, d1, m1);
+    const uchar16 h0 = qh ? vload16(0, qh) : (uchar16)0, h1 = qh ? vload16(1, qh) : (uchar16)0;
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const uchar16 q0 = vload16(0, b + qs_off + 32 * p), q1 = vload16(1, b + qs_off + 32 * p);
+        const uchar s0 = (uchar)(2 * p), s1 = (uchar)(2 * p + 1);
+        const int16 a0 = nib_lo(q0) + (convert_int16((h0 >> s0) & (uchar16)1) << 4);
+        const int16 a1 = nib_lo(q1) + (convert_int16((h1 >> s0) & (uchar16)1) << 4);
+        const int16 c0 = nib_hi(q0) + (convert_int16((h0 >> s1) & (uchar16)1) << 4);
+        const int16 c1 = nib_hi(q1) + (convert_int16((h1 >> s1) & (uchar16)1) << 4);
+        v[4 * p + 0] = d1[2 * p] * convert_float16(a0) - m1[2 * p];
+        v[4 * p + 1] = d1[2 * p] * convert_float16(a1) - m1[2 * p];
+        v[4 * p + 2] = d1[2 * p + 1] * convert_float16(c0) - m1[2 * p + 1];
+        v[4 * p + 3] = d1[2 * p + 1] * convert_float16(c1) - m1[2 * p + 1];
+    }
+}
+
+/* Q6_K: half n, quarter g: values 128 n + 32 g + l (see deq32_q6_k) */
+inline void deq256_q6_k(const global uchar *b, float16 *v) {
+    const float d = f16_at(b, 208);
+    const global char *sc = (const global char *)(b + 192);
+#pragma unroll
+    for (int n = 0; n < 2; n++) {
+        const global uchar *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+        const uchar16 h0 = vload16(0, qh), h1 = vload16(1, qh);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uchar16 l0 = vload16(0, ql + 32 * (g & 1)), l1 = vload16(1, ql + 32 * (g & 1));
+            const uchar sh = (uchar)(2 * g);
+            const int16 a = ((g < 2) ? nib_lo(l0) : nib_hi(l0)) | (convert_int16((h0 >> sh) & (uchar16)3) << 4);
+            const int16 c = ((g < 2) ? nib_lo(l1) : nib_hi(l1)) | (convert_int16((h1 >> sh) & (uchar16)3) << 4);
+            v[8 * n + 2 * g] = (d * (float)sc[8 * n + 2 * g]) * convert_float16(a - 32);
+            v[8 * n + 2 * g + 1] = (d * (float)sc[8 * n + 2 * g + 1]) * convert_float16(c - 32);
+        }
+    }
+}
+
+/* ---- any type ---- */
+
+/* Sub-block sb of a row of type `type` (a constant in every kernel that
+ * calls it, so the switch folds away). */
+inline void deq32(const int type, const global uchar *row, int sb, float16 *lo, float16 *hi) {
+    switch (type) {
+    case TYPE_F32: {
+        const global float *p = (const global float *)row + 32 * sb;
+        *lo = vload16(0, p);
+        *hi = vload16(1, p);
+        break;
+    }
+    case TYPE_F16: {
+        const global half *p = (const global half *)row + 32 * sb;
+        *lo = vload_half16(0, p);
+        *hi = vload_half16(1, p);
+        break;
+    }
+    case TYPE_BF16: {
+        const global ushort *p = (const global ushort *)row + 32 * sb;
+        *lo = as_float16(convert_uint16(vload16(0, p)) << 16);
+        *hi = as_float16(convert_uint16(vload16(1, p)) << 16);
+        break;
+    }
+    case TYPE_Q4_0: deq32_q4_0(row + 18 * sb, lo, hi); break;
+    case TYPE_Q4_1: deq32_q4_1(row + 20 * sb, lo, hi); break;
+    case TYPE_Q5_0: deq32_q5_0(row + 22 * sb, lo, hi); break;
+    case TYPE_Q5_1: deq32_q5_1(row + 24 * sb, lo, hi); break;
+    case TYPE_Q8_0: deq32_q8_0(row + 34 * sb, lo, hi); break;
+    case TYPE_Q4_K: deq32_q4_k(row + 144 * (sb / 8), sb % 8, lo, hi); break;
+    case TYPE_Q5_K: deq32_q5_k(row + 176 * (sb / 8), sb % 8, lo, hi); break;
+    case TYPE_Q6_K: deq32_q6_k(row + 210 * (sb / 8), sb % 8, lo, hi); break;
+    }
+}
+
+/* Elements per block as deq_block() decodes them: a K-quant super-block
+ * (256), else 32 (one sub-block; float rows too). */
+inline int block_elems(const int type) {
+    return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K ? 256 : 32;
+}
+
+/* Block b of a row into v[0 .. block_elems / 16): whole super-blocks for
+ * the K-quants (their scales decoded once), sub-blocks otherwise. */
+inline void deq_block(const int type, const global uchar *row, int b, float16 *v) {
+    switch (type) {
+    case TYPE_Q4_K: deq256_k4(row + 144 * b, 16, NULL, v); break;
+    case TYPE_Q5_K: deq256_k4(row + 176 * b, 48, row + 176 * b + 16, v); break;
+    case TYPE_Q6_K: deq256_q6_k(row + 210 * b, v); break;
+    default: deq32(type, row, b, &v[0], &v[1]); break;
+    }
+}
+
+/* Element i of a float row (the tail past the last whole sub-block).
+ * Quantized rows have no tail, so they never get here. */
+inline float deq1(const int type, const global uchar *row, int i) {
+    switch (type) {
+    case TYPE_F32: return ((const global float *)row)[i];
+    case TYPE_F16: return vload_half(i, (const global half *)row);
+    case TYPE_BF16: return as_float((uint)((const global ushort *)row)[i] << 16);
+    }
+    return 0.0f;
+}
+
+/* sum of the 16 lanes */
+inline float hsum16(float16 v) {
+    float8 a = v.lo + v.hi;
+    float4 b = a.lo + a.hi;
+    float2 c = b.lo + b.hi;
+    return c.x + c.y;
+}

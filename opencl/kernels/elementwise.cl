@@ -1,0 +1,135 @@
+/*
+ * elementwise.cl — the ops between the matrix products: RMSNorm, RoPE,
+ * residual add, scale, FFN activation, soft cap, bias, the finiteness check.
+ *
+ * Each mirrors the engine's CPU op (engine/backend_cpu.c) operation for
+ * operation with contraction off: RMS sums of float squares in double (in
+ * float with compensated summation where the device has no fp64), RoPE
+ * angles by repeated float multiplication, GELU through f16 inputs and
+ * outputs as llama.cpp's CPU table does. Buffers are float arrays with an
+ * element offset (`*off`) so views into larger buffers work.
+ *
+ * Work sizes: elementwise kernels run one item per element, the global size
+ * rounded up to the work-group size (items past n return).
+ */
+#pragma OPENCL FP_CONTRACT OFF
+
+#if defined(cl_khr_fp64) && !defined(KVCL_PORTABLE)
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define RMS_DOUBLE 1
+#endif
+
+/* ---- RMSNorm: one work-group per row, a fixed-order tree reduction ---- */
+
+#define RMS_GROUP 64 /* work-group size of rmsnorm (the host launches with it) */
+
+/* y(T, n) = x / rms(x) * w (w may be NULL); y == x is fine. */
+kernel void rmsnorm(global float *y, ulong yoff, global const float *x, ulong xoff,
+                    global const float *w, int n, float eps) {
+    const int row = get_group_id(0), lid = get_local_id(0);
+    const global float *xr = x + xoff + (ulong)row * n; /* (n) */
+    global float *yr = y + yoff + (ulong)row * n;       /* (n) */
+#ifdef RMS_DOUBLE
+    local double part[RMS_GROUP];
+    double s = 0.0;
+    for (int i = lid; i < n; i += RMS_GROUP) s += (double)(xr[i] * xr[i]);
+#else
+    /* float with a compensation term: far below float's rounding for n < 2^20 */
+    local float part[RMS_GROUP];
+    float s = 0.0f, c = 0.0f;
+    for (int i = lid; i < n; i += RMS_GROUP) {
+        float v = xr[i] * xr[i] - c, t = s + v;
+        c = (t - s) - v;
+        s = t;
+    }
+#endif
+    part[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = RMS_GROUP / 2; h > 0; h /= 2) {
+        if (lid < h) part[lid] += part[lid + h];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#ifdef RMS_DOUBLE
+    const float mean = (float)(part[0] / (double)n);
+#else
+    const float mean = part[0] / (float)n;
+#endif
+    const float sc = 1.0f / sqrt(mean + eps);
+    for (int i = lid; i < n; i += RMS_GROUP) yr[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
+}
+
+/* ---- RoPE: one item per (rotated pair i, token t), all heads ---- */
+
+/* x(T, n_head, head_dim) rotated in place. theta_i = pos * theta_scale^i
+ * by i float multiplications (as ggml), then freq_scale * (theta / ff[i]);
+ * NORM rotates (x[2i], x[2i+1]), NEOX (x[i], x[i + n_rot/2]). */
+kernel void rope(global float *x, ulong xoff, global const int *pos, int n_head, int head_dim,
+                 int n_rot, int neox, float theta_scale, float freq_scale, global const float *ff) {
+    const int i = get_global_id(0), t = get_global_id(1), half_rot = n_rot / 2;
+    if (i >= half_rot) return;
+    float theta = (float)pos[t];
+    for (int k = 0; k < i; k++) theta *= theta_scale;
+    const float th = freq_scale * (theta / (ff ? ff[i] : 1.0f));
+    const float c = cos(th), s = sin(th);
+    const int a = neox ? i : 2 * i, b = neox ? i + half_rot : 2 * i + 1;
+    for (int h = 0; h < n_head; h++) {
+        global float *v = x + xoff + ((ulong)t * n_head + h) * head_dim; /* (head_dim) */
+        const float p = v[a], d = v[b];
+        v[a] = p * c - d * s;
+        v[b] = p * s + d * c;
+    }
+}
+
+/* ---- one item per element ---- */
+
+/* y(n) += x(n) */
+kernel void add(global float *y, ulong yoff, global const float *x, ulong xoff, long n) {
+    const long i = get_global_id(0);
+    if (i < n) y[yoff + i] += x[xoff + i];
+}
+
+/* x(n) *= s */
+kernel void scale(global float *x, ulong xoff, long n, float s) {
+    const long i = get_global_id(0);
+    if (i < n) x[xoff + i] *= s;
+}
+
+/* x(n) = cap * tanh(x / cap) */
+kernel void softcap(global float *x, ulong xoff, long n, float cap) {
+    const long i = get_global_id(0);
+    if (i < n) x[xoff + i] = cap * tanh(x[xoff + i] / cap);
+}
+
+/* y(T, rows) [row stride ldy] += bias(rows): item (r, t) */
+kernel void add_bias(global float *y, ulong yoff, int ldy, int rows, global const float *bias) {
+    const int r = get_global_id(0), t = get_global_id(1);
+    if (r < rows) y[yoff + (ulong)t * ldy + r] += bias[r];
+}
+
+inline float gelu_tanh(float x) {
+    const float k0 = 0.79788456080286535587989211986876f, k1 = 0.044715f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanh(k0 * x * (1.0f + k1 * x * x)));
+}
+
+#define ACT_SILU 0
+#define ACT_GELU_TANH 1
+
+/* gate(n) = act(gate) * up(n). GELU: the input rounded to f16, the result
+ * rounded to f16, identity above 10 and zero below -10 (the CPU's table). */
+kernel void ffn_act(global float *gate, ulong goff, global const float *up, ulong uoff, long n, int act) {
+    const long i = get_global_id(0);
+    if (i >= n) return;
+    const float g = gate[goff + i];
+    float y;
+    if (act == ACT_GELU_TANH)
+        y = g <= -10.0f ? 0.0f : g >= 10.0f ? g : round_f16(gelu_tanh(round_f16(g)));
+    else
+        y = g / (1.0f + exp(-g));
+    gate[goff + i] = y * up[uoff + i];
+}
+
+/* *flag = 0 when some x(n) is not finite (the host sets it to 1 first) */
+kernel void all_finite(global const float *x, ulong xoff, long n, global int *flag) {
+    const long i = get_global_id(0);
+    if (i < n && !isfinite(x[xoff + i])) atomic_min(flag, 0);
+}

@@ -1,0 +1,163 @@
+/*
+ * matmul.cl — products with weights in their GGUF formats, and their
+ * dequantization: y(T, rows) [row stride ldy] = x(T, cols) . W(rows, cols)^T.
+ *
+ *   gemv_<type>     decode: one item per (row, token), the row's blocks
+ *                   decoded in registers (deq_block: float16 vectors; PoCL
+ *                   and other CPU drivers vectorize inside an item), 16
+ *                   lane sums.
+ *   gemv_wg_<type>  decode for GPUs: one work-group per (row, token), its
+ *                   items take sub-blocks in turn (neighbouring items read
+ *                   neighbouring blocks), a tree sum in local memory.
+ *   tiled_<type>    prefill: one item per (row, 8 tokens); each block is
+ *                   decoded once and used for the 8 tokens.
+ *   deq_<type>      rows to float (the CLBlast path's tiles; the embedding
+ *                   lookup with an id list).
+ *
+ * A weight larger than the device's largest allocation is split into parts
+ * of whole rows; the host launches once per part, with row0 = the part's
+ * first row (outputs and bias are indexed by the global row row0 + r).
+ * Float activations: the weights are dequantized to float, not the inputs
+ * quantized (the CPU engine quantizes x to 8 bits; see the tests for the
+ * difference that makes).
+ */
+#pragma OPENCL FP_CONTRACT ON
+
+#define MM_TOKENS 8   /* tokens per item of tiled_<type> */
+#define GEMV_GROUP 64 /* work-group size of gemv_wg_<type> */
+
+/* dot(row of W, x) over cols, 16 lanes: lane k sums the products of
+ * elements k, k + 16, ... then the lanes are summed */
+inline float row_dot(const int type, const global uchar *w, const global float *x, int cols) {
+    const int be = block_elems(type), nb = cols / be;
+    float16 acc = 0.0f, v[16];
+    for (int b = 0; b < nb; b++) {
+        deq_block(type, w, b, v);
+#pragma unroll
+        for (int k = 0; k < 16; k++) /* a constant trip count unrolls; be / 16 of them are live */
+            if (k < be / 16) acc = fma(v[k], vload16(0, x + be * b + 16 * k), acc);
+    }
+    float s = hsum16(acc);
+    for (int i = be * nb; i < cols; i++) s = fma(deq1(type, w, i), x[i], s);
+    return s;
+}
+
+#define GEMV_PARAMS                                                                               \
+    global const uchar *W, ulong row_bytes, int rows, int cols, global const float *x, ulong xoff, \
+        global float *y, ulong yoff, int ldy, global const float *bias, int row0
+
+/* item (r, t): y[t, row0 + r] = W[r] . x[t] (+ bias) */
+inline void gemv(const int type, GEMV_PARAMS) {
+    const int r = get_global_id(0), t = get_global_id(1);
+    if (r >= rows) return;
+    float s = row_dot(type, W + r * row_bytes, x + xoff + (ulong)t * cols, cols);
+    if (bias) s += bias[row0 + r];
+    y[yoff + (ulong)t * ldy + row0 + r] = s;
+}
+
+/* group (r, t), GEMV_GROUP items: the same product, sub-blocks dealt out
+ * round robin, a fixed-order tree sum in part (the kernel's local array) */
+inline void gemv_wg(const int type, GEMV_PARAMS, local float *part) {
+    const int r = get_group_id(0), t = get_group_id(1), lid = get_local_id(0);
+    const global uchar *w = W + r * row_bytes;
+    const global float *xt = x + xoff + (ulong)t * cols;
+    const int nsb = cols / 32;
+    float16 acc = 0.0f;
+    for (int sb = lid; sb < nsb; sb += GEMV_GROUP) {
+        float16 lo, hi;
+        deq32(type, w, sb, &lo, &hi);
+        acc = fma(lo, vload16(0, xt + 32 * sb), acc);
+        acc = fma(hi, vload16(0, xt + 32 * sb + 16), acc);
+    }
+    float s = hsum16(acc);
+    for (int i = 32 * nsb + lid; i < cols; i += GEMV_GROUP) s = fma(deq1(type, w, i), xt[i], s);
+    part[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = GEMV_GROUP / 2; h > 0; h /= 2) {
+        if (lid < h) part[lid] += part[lid + h];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) y[yoff + (ulong)t * ldy + row0 + r] = part[0] + (bias ? bias[row0 + r] : 0.0f);
+}
+
+/* item (r, tb): tokens 8 tb .. 8 tb + 7 (< T) of row r. Tokens past T
+ * read token T - 1 and are not stored. */
+inline void tiled(const int type, GEMV_PARAMS, int T) {
+    const int r = get_global_id(0), t0 = get_global_id(1) * MM_TOKENS;
+    if (r >= rows) return;
+    const global uchar *w = W + r * row_bytes;
+    const global float *xt[MM_TOKENS];
+    for (int k = 0; k < MM_TOKENS; k++) xt[k] = x + xoff + (ulong)min(t0 + k, T - 1) * cols;
+    const int be = block_elems(type), nb = cols / be;
+    float16 acc[MM_TOKENS], v[16];
+    for (int k = 0; k < MM_TOKENS; k++) acc[k] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        deq_block(type, w, b, v);
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int k = 0; k < MM_TOKENS; k++)
+                if (j < be / 16) acc[k] = fma(v[j], vload16(0, xt[k] + be * b + 16 * j), acc[k]);
+    }
+    for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
+        float s = hsum16(acc[k]);
+        for (int i = be * nb; i < cols; i++) s = fma(deq1(type, w, i), xt[k][i], s);
+        if (bias) s += bias[row0 + r];
+        y[yoff + (ulong)(t0 + k) * ldy + row0 + r] = s;
+    }
+}
+
+/* item (b, i): block b (deq_block) of output row i (b == cols / 32: the
+ * tail of a float row). The source row is first + i, or with ids, ids[i] -
+ * row0 when that falls in this part [row0, row0 + rows) (otherwise another
+ * launch writes the row). out(n, cols) row stride ldo. */
+inline void deq(const int type, global const uchar *W, ulong row_bytes, int rows, int cols,
+                global const int *ids, int row0, int first, global float *out, ulong ooff, int ldo) {
+    const int b = get_global_id(0), i = get_global_id(1), be = block_elems(type);
+    if (b >= (cols + be - 1) / be) return; /* the global size is rounded up */
+    int r = first + i;
+    if (ids) {
+        r = ids[i] - row0;
+        if (r < 0 || r >= rows) return;
+    }
+    const global uchar *w = W + r * row_bytes;
+    global float *o = out + ooff + (ulong)i * ldo;
+    if (b < cols / be) {
+        float16 v[16];
+        deq_block(type, w, b, v);
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+            if (k < be / 16) vstore16(v[k], 0, o + be * b + 16 * k);
+    } else {
+        for (int k = be * b; k < cols; k++) o[k] = deq1(type, w, k);
+    }
+}
+
+/* ---- one kernel of each kind per type ---- */
+
+#define GEMV_ARGS W, row_bytes, rows, cols, x, xoff, y, yoff, ldy, bias, row0
+#define DEQ_PARAMS                                                                       \
+    global const uchar *W, ulong row_bytes, int rows, int cols, global const int *ids, int row0, \
+        int first, global float *out, ulong ooff, int ldo
+#define DEQ_ARGS W, row_bytes, rows, cols, ids, row0, first, out, ooff, ldo
+
+#define MATMUL_KERNELS(name, TYPE)                                                         \
+    kernel void gemv_##name(GEMV_PARAMS) { gemv(TYPE, GEMV_ARGS); }                        \
+    kernel void gemv_wg_##name(GEMV_PARAMS) {                                              \
+        local float part[GEMV_GROUP];                                                      \
+        gemv_wg(TYPE, GEMV_ARGS, part);                                                    \
+    }                                                                                      \
+    kernel void tiled_##name(GEMV_PARAMS, int T) { tiled(TYPE, GEMV_ARGS, T); }            \
+    kernel void deq_##name(DEQ_PARAMS) { deq(TYPE, DEQ_ARGS); }
+
+MATMUL_KERNELS(f32, TYPE_F32)
+MATMUL_KERNELS(f16, TYPE_F16)
+MATMUL_KERNELS(bf16, TYPE_BF16)
+MATMUL_KERNELS(q4_0, TYPE_Q4_0)
+MATMUL_KERNELS(q4_1, TYPE_Q4_1)
+MATMUL_KERNELS(q5_0, TYPE_Q5_0)
+MATMUL_KERNELS(q5_1, TYPE_Q5_1)
+MATMUL_KERNELS(q8_0, TYPE_Q8_0)
+MATMUL_KERNELS(q4_k, TYPE_Q4_K)
+MATMUL_KERNELS(q5_k, TYPE_Q5_K)
+MATMUL_KERNELS(q6_k, TYPE_Q6_K)

@@ -1,0 +1,315 @@
+/*
+ * kvcl_matmul.c — weights on the device and the matrix products over them
+ * (matmul.cl), three ways:
+ *
+ *   GEMV     gemv_<type> / gemv_wg_<type>: one pass over the weight per
+ *            token; the decode path (T = 1).
+ *   TILED    tiled_<type>: each weight sub-block decoded once for 8 tokens.
+ *   CLBLAST  tiles of rows dequantized to float (deq_<type>) into scratch,
+ *            then CLBlast's SGEMM; F32 weights go to SGEMM directly.
+ *
+ * Prefill (T > 1) takes TILED or CLBLAST, whichever kvcl_prefill_choose
+ * measured faster on the device (the choice is kept on disk next to the
+ * program binaries). Weights split over several buffer parts are handled
+ * part by part: each launch covers the part's rows, writing the outputs of
+ * rows row0 .. row0 + rows - 1.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvcl_internal.h"
+#include "kvcl_ops.h"
+#include "quant.h"
+
+#ifdef KV_HAVE_CLBLAST
+#include <clblast_c.h>
+#endif
+
+#define GEMV_ROWS 32       /* rows per work-group of gemv_<type> and tiled_<type> */
+#define GEMV_GROUP 64      /* = GEMV_GROUP in matmul.cl */
+#define MM_TOKENS 8        /* = MM_TOKENS in matmul.cl */
+#define DEQ_TILE (64 << 20) /* bytes of float weights per CLBlast tile at most */
+
+/* ==== weights =================================================================== */
+
+bool kvcl_type_supported(int type) {
+    switch (type) {
+    case KV_TYPE_F32: case KV_TYPE_F16: case KV_TYPE_BF16: case KV_TYPE_Q4_0: case KV_TYPE_Q4_1:
+    case KV_TYPE_Q5_0: case KV_TYPE_Q5_1: case KV_TYPE_Q8_0: case KV_TYPE_Q4_K: case KV_TYPE_Q5_K:
+    case KV_TYPE_Q6_K:
+        return true;
+    }
+    return false;
+}
+
+kv_status kvcl_weight_upload(kvcl_ctx *c, int type, int64_t rows, int64_t cols, const void *data, kvcl_weight *w,
+                             kv_error *e) {
+    memset(w, 0, sizeof *w);
+    const kv_type_traits *tr = kv_type_traits_get(type);
+    if (!kvcl_type_supported(type))
+        return kv_fail(e, KV_ERR_UNSUPPORTED, "OpenCL: weight type %s not supported", tr ? tr->name : "?");
+    size_t rb = kv_row_size(type, cols);
+    if (rows <= 0 || rows > INT32_MAX || cols > INT32_MAX || rb == 0)
+        return kv_fail(e, KV_ERR_ARG, "OpenCL weight (%lld x %lld) of %s: bad shape", (long long)rows,
+                       (long long)cols, tr->name);
+    if ((size_t)rows > SIZE_MAX / rb) return kv_fail(e, KV_ERR_ARG, "OpenCL weight: size overflows");
+    kvcl_buf *b;
+    kv_status st = kvcl_buf_create(c, rb * (size_t)rows, rb, &b, e);
+    if (st != KV_OK) return st;
+    st = kvcl_write(c, b, 0, data, rb * (size_t)rows, e);
+    if (st != KV_OK) {
+        kvcl_buf_free(b);
+        return st;
+    }
+    *w = (kvcl_weight){b, type, rows, cols, rb};
+    return KV_OK;
+}
+
+void kvcl_weight_free(kvcl_weight *w) {
+    kvcl_buf_free(w->buf);
+    memset(w, 0, sizeof *w);
+}
+
+/* ==== the three paths =========================================================== */
+
+/* what every launch of one product shares */
+typedef struct {
+    kvcl_ctx *c;
+    const kvcl_weight *w;
+    cl_mem bias, x, y;
+    size_t xoff, yoff;
+    int64_t T, ldy;
+} mm_call;
+
+/* rows in part p and the global index of its first row */
+static int64_t part_rows(const mm_call *m, int p, int64_t *row0) {
+    const kvcl_buf *b = m->w->buf;
+    const int64_t per = (int64_t)(b->part_bytes / m->w->row_bytes);
+    *row0 = p * per;
+    return p + 1 < b->n_parts ? per : m->w->rows - *row0;
+}
+
+/* the arguments of gemv_* / gemv_wg_* / tiled_* for part p */
+static kvcl_launch gemv_args(const mm_call *m, cl_kernel k, int p, int64_t rows, int64_t row0) {
+    kvcl_launch L = kvcl_launch_begin(m->c, k);
+    kvcl_arg_mem(&L, m->w->buf->parts[p]), kvcl_arg_ulong(&L, m->w->row_bytes);
+    kvcl_arg_int(&L, (int)rows), kvcl_arg_int(&L, (int)m->w->cols);
+    kvcl_arg_mem(&L, m->x), kvcl_arg_ulong(&L, m->xoff);
+    kvcl_arg_mem(&L, m->y), kvcl_arg_ulong(&L, m->yoff), kvcl_arg_int(&L, (int)m->ldy);
+    kvcl_arg_mem(&L, m->bias), kvcl_arg_int(&L, (int)row0);
+    return L;
+}
+
+static kv_status mm_gemv(const mm_call *m, kv_error *e) {
+    const kvcl_type_kernels *k = &m->c->mm[m->w->type];
+    const bool group = m->c->gemv == KVCL_GEMV_GROUP;
+    for (int p = 0; p < m->w->buf->n_parts; p++) {
+        int64_t row0, rows = part_rows(m, p, &row0);
+        kvcl_launch L = gemv_args(m, group ? k->gemv_wg : k->gemv, p, rows, row0);
+        size_t g[2], l[2] = {group ? GEMV_GROUP : GEMV_ROWS, 1};
+        g[0] = group ? (size_t)rows * GEMV_GROUP : kvcl_round_up((size_t)rows, GEMV_ROWS);
+        g[1] = (size_t)m->T;
+        if (kvcl_launch_run(&L, 2, g, l, "gemv", e) != KV_OK) return m->c->failed;
+    }
+    return KV_OK;
+}
+
+static kv_status mm_tiled(const mm_call *m, kv_error *e) {
+    for (int p = 0; p < m->w->buf->n_parts; p++) {
+        int64_t row0, rows = part_rows(m, p, &row0);
+        kvcl_launch L = gemv_args(m, m->c->mm[m->w->type].tiled, p, rows, row0);
+        kvcl_arg_int(&L, (int)m->T);
+        size_t g[2] = {kvcl_round_up((size_t)rows, GEMV_ROWS), (size_t)(m->T + MM_TOKENS - 1) / MM_TOKENS};
+        size_t l[2] = {GEMV_ROWS, 1};
+        if (kvcl_launch_run(&L, 2, g, l, "tiled matmul", e) != KV_OK) return m->c->failed;
+    }
+    return KV_OK;
+}
+
+bool kvcl_have_clblast(void) {
+#ifdef KV_HAVE_CLBLAST
+    return true;
+#else
+    return false;
+#endif
+}
+
+#ifdef KV_HAVE_CLBLAST
+/* y[:, row0 ..] (T, n) = x (T, K) . B(n, K)^T, B at element offset boff */
+static kv_status sgemm(const mm_call *m, cl_mem B, size_t boff, int64_t n, int64_t row0, kv_error *e) {
+    const size_t K = (size_t)m->w->cols;
+    CLBlastStatusCode st = CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, (size_t)m->T,
+                                        (size_t)n, K, 1.0f, m->x, m->xoff, K, B, boff, K, 0.0f, m->y,
+                                        m->yoff + (size_t)row0, (size_t)m->ldy, &m->c->q, NULL);
+    return st == CLBlastSuccess ? KV_OK : kvcl_mark_failed(m->c, e, st, "CLBlast SGEMM");
+}
+
+/* rows [r, r + n) of part p to float, tile(n, K) */
+static kv_status dequant_tile(const mm_call *m, int p, int64_t r, int64_t n, cl_mem tile, kv_error *e) {
+    const int64_t K = m->w->cols;
+    kvcl_launch L = kvcl_launch_begin(m->c, m->c->mm[m->w->type].deq);
+    kvcl_arg_mem(&L, m->w->buf->parts[p]), kvcl_arg_ulong(&L, m->w->row_bytes);
+    kvcl_arg_int(&L, (int)(r + n)), kvcl_arg_int(&L, (int)K);
+    kvcl_arg_mem(&L, NULL), kvcl_arg_int(&L, 0), kvcl_arg_int(&L, (int)r);
+    kvcl_arg_mem(&L, tile), kvcl_arg_ulong(&L, 0), kvcl_arg_int(&L, (int)K);
+    size_t g[2] = {kvcl_round_up(kvcl_deq_items(m->w->type, K), 16), (size_t)n}, l[2] = {16, 1};
+    return kvcl_launch_run(&L, 2, g, l, "dequantize", e);
+}
+
+static kv_status add_bias(const mm_call *m, kv_error *e) {
+    kvcl_launch L = kvcl_launch_begin(m->c, m->c->add_bias);
+    kvcl_arg_mem(&L, m->y), kvcl_arg_ulong(&L, m->yoff), kvcl_arg_int(&L, (int)m->ldy);
+    kvcl_arg_int(&L, (int)m->w->rows), kvcl_arg_mem(&L, m->bias);
+    size_t g[2] = {kvcl_round_up((size_t)m->w->rows, 64), (size_t)m->T}, l[2] = {64, 1};
+    return kvcl_launch_run(&L, 2, g, l, "bias", e);
+}
+
+static kv_status mm_clblast(const mm_call *m, kv_error *e) {
+    const int64_t K = m->w->cols;
+    for (int p = 0; p < m->w->buf->n_parts; p++) {
+        int64_t row0, rows = part_rows(m, p, &row0);
+        if (m->w->type == KV_TYPE_F32) {
+            if (sgemm(m, m->w->buf->parts[p], 0, rows, row0, e) != KV_OK) return KV_ERR_DEVICE;
+            continue;
+        }
+        const uint64_t cap = DEQ_TILE < m->c->max_alloc ? DEQ_TILE : m->c->max_alloc;
+        int64_t tile_rows = (int64_t)(cap / ((uint64_t)K * sizeof(float)));
+        if (tile_rows < 1) tile_rows = 1;
+        if (tile_rows > rows) tile_rows = rows;
+        cl_mem tile;
+        kv_status st = kvcl_scratch(m->c, (size_t)(tile_rows * K) * sizeof(float), &tile, e);
+        if (st != KV_OK) return st;
+        for (int64_t r = 0; r < rows; r += tile_rows) {
+            const int64_t n = rows - r < tile_rows ? rows - r : tile_rows;
+            if (dequant_tile(m, p, r, n, tile, e) != KV_OK) return KV_ERR_DEVICE;
+            if (sgemm(m, tile, 0, n, row0 + r, e) != KV_OK) return KV_ERR_DEVICE;
+        }
+    }
+    return m->bias ? add_bias(m, e) : KV_OK;
+}
+#else
+static kv_status mm_clblast(const mm_call *m, kv_error *e) {
+    (void)m;
+    return kv_fail(e, KV_ERR_UNSUPPORTED, "OpenCL: built without CLBlast");
+}
+#endif
+
+/* ==== entry points ================================================================ */
+
+kv_status kvcl_matmul_with(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf *bias, kvcl_view x, int64_t T,
+                           kvcl_view y, int64_t ldy, kv_error *e) {
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    if (!w->buf || !kvcl_type_supported(w->type)) return kv_fail(e, KV_ERR_ARG, "matmul: no weight");
+    if (T <= 0 || T > INT32_MAX || ldy < w->rows || ldy > INT32_MAX)
+        return kv_fail(e, KV_ERR_ARG, "matmul: T %lld, ldy %lld for %lld rows", (long long)T, (long long)ldy,
+                       (long long)w->rows);
+    mm_call m = {c, w, NULL, NULL, NULL, x.off, y.off, T, ldy};
+    if (kvcl_view_mem(x, (size_t)(T * w->cols), "matmul x", &m.x, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(y, (size_t)((T - 1) * ldy + w->rows), "matmul y", &m.y, e) != KV_OK) return KV_ERR_ARG;
+    if (bias && kvcl_view_mem(kvcl_at(bias, 0), (size_t)w->rows, "matmul bias", &m.bias, e) != KV_OK)
+        return KV_ERR_ARG;
+    if (path == KVCL_MM_AUTO) path = T == 1 ? KVCL_MM_GEMV : c->prefill;
+    switch (path) {
+    case KVCL_MM_GEMV: return mm_gemv(&m, e);
+    case KVCL_MM_TILED: return mm_tiled(&m, e);
+    case KVCL_MM_CLBLAST: return mm_clblast(&m, e);
+    }
+    return kv_fail(e, KV_ERR_ARG, "matmul: path %d", path);
+}
+
+kv_status kvcl_matmul(kvcl_ctx *c, const kvcl_weight *w, kvcl_buf *bias, kvcl_view x, int64_t T, kvcl_view y,
+                      int64_t ldy, kv_error *e) {
+    return kvcl_matmul_with(c, KVCL_MM_AUTO, w, bias, x, T, y, ldy, e);
+}
+
+/* ==== choosing the prefill path ===================================================== */
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* GFLOP/s of one path: one run to warm up (kernel compilation), then runs
+ * until 0.3 s have passed */
+static kv_status time_path(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf *x, kvcl_buf *y, int64_t T,
+                           double *gflops, kv_error *e) {
+    kv_status st = kvcl_matmul_with(c, path, w, NULL, kvcl_at(x, 0), T, kvcl_at(y, 0), w->rows, e);
+    if (st == KV_OK) st = kvcl_finish(c, e);
+    int runs = 0;
+    const double t0 = now();
+    while (st == KV_OK && (runs == 0 || now() - t0 < 0.3)) {
+        st = kvcl_matmul_with(c, path, w, NULL, kvcl_at(x, 0), T, kvcl_at(y, 0), w->rows, e);
+        if (st == KV_OK) st = kvcl_finish(c, e);
+        runs++;
+    }
+    if (st == KV_OK) *gflops = 2.0 * (double)w->rows * (double)w->cols * (double)T * runs / (now() - t0) * 1e-9;
+    return st;
+}
+
+/* both paths on a random weight of the shape: {tiled, clblast} GFLOP/s */
+static kv_status measure(kvcl_ctx *c, int type, int64_t rows, int64_t cols, int64_t T, double g[2], kv_error *e) {
+    const size_t rb = kv_row_size(type, cols);
+    float *f = malloc(sizeof(float) * (size_t)cols);
+    uint8_t *wbytes = malloc(rb * (size_t)rows);
+    float *xs = malloc(sizeof(float) * (size_t)(T * cols));
+    kvcl_weight w = {0};
+    kvcl_buf *x = NULL, *y = NULL;
+    kv_status st = f && wbytes && xs ? KV_OK : kv_fail(e, KV_ERR_NOMEM, "out of memory");
+    uint32_t s = 12345;
+    for (int64_t r = 0; st == KV_OK && r < rows; r++) {
+        for (int64_t i = 0; i < cols; i++) f[i] = (float)((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
+        if (kv_quantize_row(type, f, wbytes + (size_t)r * rb, cols) != 0)
+            st = kv_fail(e, KV_ERR_UNSUPPORTED, "prefill choice: cannot write type %d", type);
+    }
+    for (int64_t i = 0; i < T * cols; i++) xs[i] = (float)(i % 7) * 0.1f;
+    if (st == KV_OK) st = kvcl_weight_upload(c, type, rows, cols, wbytes, &w, e);
+    if (st == KV_OK) st = kvcl_buf_create(c, sizeof(float) * (size_t)(T * cols), 1, &x, e);
+    if (st == KV_OK) st = kvcl_buf_create(c, sizeof(float) * (size_t)(T * rows), 1, &y, e);
+    if (st == KV_OK) st = kvcl_write(c, x, 0, xs, sizeof(float) * (size_t)(T * cols), e);
+    g[0] = g[1] = 0.0;
+    if (st == KV_OK) st = time_path(c, KVCL_MM_TILED, &w, x, y, T, &g[0], e);
+    if (st == KV_OK && kvcl_have_clblast()) st = time_path(c, KVCL_MM_CLBLAST, &w, x, y, T, &g[1], e);
+    kvcl_buf_free(x);
+    kvcl_buf_free(y);
+    kvcl_weight_free(&w);
+    free(f);
+    free(wbytes);
+    free(xs);
+    return st;
+}
+
+kv_status kvcl_prefill_choose(kvcl_ctx *c, int type, int64_t rows, int64_t cols, int64_t T, bool *measured,
+                              double gflops[2], kv_error *e) {
+    char suffix[96], path[1200], line[128], name[16];
+    double g[2] = {0, 0};
+    snprintf(suffix, sizeof suffix, ".prefill-%d-%lldx%lld-%lld", type, (long long)rows, (long long)cols,
+             (long long)T);
+    kvcl_cache_path(c, suffix, path, sizeof path);
+    *measured = false;
+    FILE *f = c->cache_dir[0] ? fopen(path, "r") : NULL;
+    if (f) {
+        bool ok = fgets(line, sizeof line, f) && sscanf(line, "%15s", name) == 1;
+        fclose(f);
+        if (ok && (strcmp(name, "tiled") == 0 || (strcmp(name, "clblast") == 0 && kvcl_have_clblast()))) {
+            c->prefill = name[0] == 't' ? KVCL_MM_TILED : KVCL_MM_CLBLAST;
+            if (gflops) gflops[0] = gflops[1] = 0.0;
+            return KV_OK;
+        }
+    }
+    kv_status st = measure(c, type, rows, cols, T, g, e);
+    if (st != KV_OK) return st;
+    c->prefill = g[1] > g[0] ? KVCL_MM_CLBLAST : KVCL_MM_TILED;
+    *measured = true;
+    if (gflops) gflops[0] = g[0], gflops[1] = g[1];
+    if (c->cache_dir[0] && (f = fopen(path, "w"))) {
+        fprintf(f, "%s tiled %.1f clblast %.1f GFLOP/s\n", c->prefill == KVCL_MM_TILED ? "tiled" : "clblast", g[0],
+                g[1]);
+        fclose(f);
+    }
+    return KV_OK;
+}
+
+int kvcl_prefill_path(const kvcl_ctx *c) { return c->prefill; }

@@ -1,0 +1,132 @@
+/*
+ * kvcl_ops.c — host side of the elementwise ops (elementwise.cl) and the
+ * embedding lookup: argument checks, then one queued launch each.
+ */
+#include <math.h>
+
+#include "kvcl_internal.h"
+#include "kvcl_ops.h"
+
+#define GROUP 64    /* work-group size of the one-item-per-element kernels */
+#define RMS_GROUP 64 /* = RMS_GROUP in elementwise.cl */
+
+/* one item per element of n, in groups of GROUP */
+static kv_status run_1d(kvcl_launch *L, int64_t n, const char *what, kv_error *e) {
+    size_t g = kvcl_round_up((size_t)n, GROUP), l = GROUP;
+    return kvcl_launch_run(L, 1, &g, &l, what, e);
+}
+
+kv_status kvcl_rmsnorm(kvcl_ctx *c, kvcl_view y, kvcl_view x, kvcl_buf *w, int64_t T, int64_t n, float eps,
+                       kv_error *e) {
+    cl_mem ym, xm, wm = NULL;
+    if (T <= 0 || n <= 0 || n > INT32_MAX) return kv_fail(e, KV_ERR_ARG, "rmsnorm: bad shape (%lld, %lld)", (long long)T, (long long)n);
+    if (kvcl_view_mem(y, (size_t)(T * n), "rmsnorm", &ym, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(x, (size_t)(T * n), "rmsnorm", &xm, e) != KV_OK) return KV_ERR_ARG;
+    if (w && kvcl_view_mem(kvcl_at(w, 0), (size_t)n, "rmsnorm weight", &wm, e) != KV_OK) return KV_ERR_ARG;
+    kvcl_launch L = kvcl_launch_begin(c, c->rmsnorm);
+    kvcl_arg_mem(&L, ym), kvcl_arg_ulong(&L, y.off);
+    kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off);
+    kvcl_arg_mem(&L, wm), kvcl_arg_int(&L, (int)n), kvcl_arg_float(&L, eps);
+    size_t g = (size_t)T * RMS_GROUP, l = RMS_GROUP;
+    return kvcl_launch_run(&L, 1, &g, &l, "rmsnorm", e);
+}
+
+kv_status kvcl_rope(kvcl_ctx *c, kvcl_view x, int64_t T, int n_head, int head_dim, kvcl_buf *pos,
+                    const kv_rope_params *rp, kvcl_buf *factors, kv_error *e) {
+    cl_mem xm, pm, fm = NULL;
+    if (T <= 0 || n_head <= 0 || rp->n_rot <= 0 || rp->n_rot % 2 || rp->n_rot > head_dim)
+        return kv_fail(e, KV_ERR_ARG, "rope: bad shape (T %lld, heads %d, head_dim %d, n_rot %d)", (long long)T,
+                       n_head, head_dim, rp->n_rot);
+    if (rp->mode != KV_ROPE_NORM && rp->mode != KV_ROPE_NEOX) return kv_fail(e, KV_ERR_ARG, "rope: mode %d", rp->mode);
+    if (kvcl_view_mem(x, (size_t)T * n_head * head_dim, "rope", &xm, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(kvcl_at(pos, 0), (size_t)T, "rope positions", &pm, e) != KV_OK) return KV_ERR_ARG;
+    if (factors && kvcl_view_mem(kvcl_at(factors, 0), (size_t)rp->n_rot / 2, "rope factors", &fm, e) != KV_OK)
+        return KV_ERR_ARG;
+    /* the CPU's table: base^(-2/n_rot), raised by repeated multiplication */
+    const float theta_scale = powf(rp->freq_base, -2.0f / (float)rp->n_rot);
+    kvcl_launch L = kvcl_launch_begin(c, c->rope);
+    kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off), kvcl_arg_mem(&L, pm);
+    kvcl_arg_int(&L, n_head), kvcl_arg_int(&L, head_dim), kvcl_arg_int(&L, rp->n_rot);
+    kvcl_arg_int(&L, rp->mode == KV_ROPE_NEOX), kvcl_arg_float(&L, theta_scale);
+    kvcl_arg_float(&L, rp->freq_scale), kvcl_arg_mem(&L, fm);
+    size_t g[2] = {kvcl_round_up((size_t)rp->n_rot / 2, 16), (size_t)T}, l[2] = {16, 1};
+    return kvcl_launch_run(&L, 2, g, l, "rope", e);
+}
+
+kv_status kvcl_add(kvcl_ctx *c, kvcl_view y, kvcl_view x, int64_t n, kv_error *e) {
+    cl_mem ym, xm;
+    if (kvcl_view_mem(y, (size_t)n, "add", &ym, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(x, (size_t)n, "add", &xm, e) != KV_OK) return KV_ERR_ARG;
+    kvcl_launch L = kvcl_launch_begin(c, c->add);
+    kvcl_arg_mem(&L, ym), kvcl_arg_ulong(&L, y.off), kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off);
+    kvcl_arg_long(&L, n);
+    return run_1d(&L, n, "add", e);
+}
+
+kv_status kvcl_scale(kvcl_ctx *c, kvcl_view x, int64_t n, float s, kv_error *e) {
+    cl_mem xm;
+    if (kvcl_view_mem(x, (size_t)n, "scale", &xm, e) != KV_OK) return KV_ERR_ARG;
+    kvcl_launch L = kvcl_launch_begin(c, c->scale);
+    kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off), kvcl_arg_long(&L, n), kvcl_arg_float(&L, s);
+    return run_1d(&L, n, "scale", e);
+}
+
+kv_status kvcl_softcap(kvcl_ctx *c, kvcl_view x, int64_t n, float cap, kv_error *e) {
+    cl_mem xm;
+    if (!(cap > 0.0f)) return kv_fail(e, KV_ERR_ARG, "softcap: cap %g", (double)cap);
+    if (kvcl_view_mem(x, (size_t)n, "softcap", &xm, e) != KV_OK) return KV_ERR_ARG;
+    kvcl_launch L = kvcl_launch_begin(c, c->softcap);
+    kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off), kvcl_arg_long(&L, n), kvcl_arg_float(&L, cap);
+    return run_1d(&L, n, "softcap", e);
+}
+
+kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t n, int act, kv_error *e) {
+    cl_mem gm, um;
+    if (act != KV_ACT_SILU && act != KV_ACT_GELU_TANH) return kv_fail(e, KV_ERR_ARG, "ffn_act: activation %d", act);
+    if (kvcl_view_mem(gate, (size_t)n, "ffn_act", &gm, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(up, (size_t)n, "ffn_act", &um, e) != KV_OK) return KV_ERR_ARG;
+    kvcl_launch L = kvcl_launch_begin(c, c->ffn_act);
+    kvcl_arg_mem(&L, gm), kvcl_arg_ulong(&L, gate.off), kvcl_arg_mem(&L, um), kvcl_arg_ulong(&L, up.off);
+    kvcl_arg_long(&L, n), kvcl_arg_int(&L, act);
+    return run_1d(&L, n, "ffn_act", e);
+}
+
+kv_status kvcl_all_finite(kvcl_ctx *c, kvcl_view x, int64_t n, bool *ok, kv_error *e) {
+    cl_mem xm;
+    if (kvcl_view_mem(x, (size_t)n, "all_finite", &xm, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    cl_int one = 1, flag = 0;
+    cl_int err = clEnqueueWriteBuffer(c->q, c->flag, CL_FALSE, 0, sizeof one, &one, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return kvcl_mark_failed(c, e, err, "all_finite");
+    kvcl_launch L = kvcl_launch_begin(c, c->all_finite);
+    kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off), kvcl_arg_long(&L, n), kvcl_arg_mem(&L, c->flag);
+    if (run_1d(&L, n, "all_finite", e) != KV_OK) return c->failed;
+    /* the blocking read also keeps `one` alive until the write is done */
+    err = clEnqueueReadBuffer(c->q, c->flag, CL_TRUE, 0, sizeof flag, &flag, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return kvcl_mark_failed(c, e, err, "all_finite");
+    *ok = flag != 0;
+    return KV_OK;
+}
+
+kv_status kvcl_embed(kvcl_ctx *c, const kvcl_weight *emb, kvcl_buf *ids, int64_t T, kvcl_view out, kv_error *e) {
+    cl_mem om, im;
+    if (!emb->buf || !kvcl_type_supported(emb->type)) return kv_fail(e, KV_ERR_ARG, "embed: no table of a supported type");
+    if (T <= 0) return kv_fail(e, KV_ERR_ARG, "embed: %lld tokens", (long long)T);
+    if (kvcl_view_mem(out, (size_t)T * emb->cols, "embed", &om, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(kvcl_at(ids, 0), (size_t)T, "embed ids", &im, e) != KV_OK) return KV_ERR_ARG;
+    const kvcl_buf *b = emb->buf;
+    const int64_t part_rows = (int64_t)(b->part_bytes / emb->row_bytes);
+    /* every part looks at every id and writes the rows it holds */
+    for (int p = 0; p < b->n_parts; p++) {
+        const int64_t row0 = p * part_rows;
+        const int64_t rows = p + 1 < b->n_parts ? part_rows : emb->rows - row0;
+        kvcl_launch L = kvcl_launch_begin(c, c->mm[emb->type].deq);
+        kvcl_arg_mem(&L, b->parts[p]), kvcl_arg_ulong(&L, emb->row_bytes);
+        kvcl_arg_int(&L, (int)rows), kvcl_arg_int(&L, (int)emb->cols);
+        kvcl_arg_mem(&L, im), kvcl_arg_int(&L, (int)row0), kvcl_arg_int(&L, 0);
+        kvcl_arg_mem(&L, om), kvcl_arg_ulong(&L, out.off), kvcl_arg_int(&L, (int)emb->cols);
+        size_t g[2] = {kvcl_round_up(kvcl_deq_items(emb->type, emb->cols), 16), (size_t)T}, l[2] = {16, 1};
+        if (kvcl_launch_run(&L, 2, g, l, "embed", e) != KV_OK) return c->failed;
+    }
+    return KV_OK;
+}

@@ -1,0 +1,898 @@
+/*
+ * test_opencl.c — every OpenCL kernel (opencl/) against the engine's scalar
+ * CPU path (KVLUA_SIMD=scalar is set before the engine starts):
+ *
+ *   - the device layer: program build, the binary cache (second open reads
+ *     it; corrupt entries are rebuilt), build errors with their log, bad
+ *     device index, buffers split over parts, more memory than the device
+ *     has, a failed launch marking the context unusable, the prefill path
+ *     choice kept on disk;
+ *   - embedding / dequantization of every weight type: bit-identical to
+ *     kv_dequantize_row;
+ *   - matrix products (GEMV row and work-group flavours, the tiled prefill
+ *     kernel, CLBlast) against float64 products of the dequantized rows,
+ *     within the float rounding bound of each kernel's summation, and
+ *     against kv_matmul within the bound of its 8-bit activations;
+ *   - RMSNorm, RoPE, add, scale, soft cap, FFN activations against the CPU
+ *     backend (backend_cpu.c);
+ *   - K/V page writes: bytes as the CPU encodes rows; attention through a
+ *     shuffled page table against a float64 softmax with the CPU's q
+ *     rounding, and against the CPU backend on a contiguous cache.
+ *
+ * Shapes are odd on purpose: sizes that are not multiples of work-group
+ * sizes, head sizes 64/128/256, contexts that are not page multiples, T = 1
+ * and T > 1, sliding windows, GQA ratios 1/3/4. Skips (exit 0, "skip:")
+ * when the machine has no OpenCL device.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "kvcache.h"
+#include "kvcl.h"
+#include "quant.h"
+
+#include "check.h"
+
+#ifndef KV_HAVE_OPENCL
+int main(void) { return kvt_skip("built without OpenCL"); }
+#else
+
+#include "kvcl_internal.h" /* the failed-launch test drives a kernel directly */
+#include "kvcl_ops.h"
+
+/* ==== helpers ================================================================== */
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+static float frand(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
+static int irand(int n) { return (int)(rnd() % (uint32_t)n); }
+
+static void *xmalloc(size_t n) {
+    void *p = calloc(1, n ? n : 1);
+    if (!p) {
+        printf("out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static const char *tname(int t) { return kv_type_traits_get(t)->name; }
+
+static const int k_wtypes[] = {KV_TYPE_F32,  KV_TYPE_F16,  KV_TYPE_BF16, KV_TYPE_Q4_0, KV_TYPE_Q4_1, KV_TYPE_Q5_0,
+                               KV_TYPE_Q5_1, KV_TYPE_Q8_0, KV_TYPE_Q4_K, KV_TYPE_Q5_K, KV_TYPE_Q6_K};
+#define N_WTYPES (int)(sizeof k_wtypes / sizeof k_wtypes[0])
+
+static kv_error g_err;
+static kvcl_ctx *g_c;       /* the context most tests use */
+static kv_backend g_cpu;    /* the CPU reference (scalar kernels) */
+static kv_pool *g_pool;
+
+/* a device buffer holding bytes (NULL: uninitialized) */
+static kvcl_buf *dev_buf(kvcl_ctx *c, const void *bytes, size_t n) {
+    kvcl_buf *b = NULL;
+    if (kvcl_buf_create(c, n, 1, &b, &g_err) != KV_OK || (bytes && kvcl_write(c, b, 0, bytes, n, &g_err) != KV_OK)) {
+        printf("device buffer of %zu bytes: %s\n", n, g_err.msg);
+        exit(2);
+    }
+    return b;
+}
+
+static kvcl_buf *dev_floats(kvcl_ctx *c, const float *x, size_t n) { return dev_buf(c, x, n * sizeof(float)); }
+
+/* reads n floats at element offset off */
+static void get_floats(kvcl_ctx *c, kvcl_buf *b, size_t off, float *out, size_t n) {
+    if (kvcl_read(c, b, off * sizeof(float), out, n * sizeof(float), &g_err) != KV_OK) {
+        printf("read: %s\n", g_err.msg);
+        exit(2);
+    }
+}
+
+/* rows x cols random values of a type (quantized from floats in [-1, 1)
+ * scaled per row), the bytes in *bytes, dequantized in *deq */
+static void random_weight(int type, int64_t rows, int64_t cols, uint8_t **bytes, float **deq) {
+    const size_t rb = kv_row_size(type, cols);
+    float *f = xmalloc(sizeof(float) * cols);
+    *bytes = xmalloc(rb * rows);
+    *deq = xmalloc(sizeof(float) * rows * cols);
+    for (int64_t r = 0; r < rows; r++) {
+        const float s = 0.5f + (float)irand(100) / 50.0f;
+        for (int64_t i = 0; i < cols; i++) f[i] = frand() * s;
+        kv_quantize_row(type, f, *bytes + r * rb, cols);
+        kv_dequantize_row(type, *bytes + r * rb, *deq + r * cols, cols);
+    }
+    free(f);
+}
+
+static kvcl_ctx *open_ctx(const kvcl_options *o) {
+    kvcl_ctx *c = NULL;
+    if (kvcl_open(o, &c, &g_err) != KV_OK) {
+        printf("kvcl_open: %s\n", g_err.msg);
+        exit(2);
+    }
+    return c;
+}
+
+/* ==== device layer ================================================================ */
+
+static char g_cache[256]; /* a fresh cache directory */
+
+static int cache_files(char names[][512], int max) {
+    int n = 0;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "ls %s/*.bin 2>/dev/null", g_cache);
+    FILE *p = popen(cmd, "r");
+    while (p && n < max && fgets(names[n], 512, p)) names[n][strcspn(names[n], "\n")] = 0, n++;
+    if (p) pclose(p);
+    return n;
+}
+
+static void test_program_cache(void) {
+    kvcl_options o = {.cache_dir = g_cache};
+    kvcl_ctx *c = open_ctx(&o);
+    report(!kvcl_ctx_from_cache(c), "first open builds from source", "from cache");
+    kvcl_close(c);
+    c = open_ctx(&o);
+    report(kvcl_ctx_from_cache(c), "second open loads the cached binary (no build)", "rebuilt");
+    kvcl_close(c);
+
+    char files[4][512];
+    int n = cache_files(files, 4);
+    report(n == 1, "one cache file", "%d files", n);
+    if (n != 1) return;
+    /* corrupt the payload, then truncate it: each time rebuilt, then cached again */
+    FILE *f = fopen(files[0], "r+b");
+    fseek(f, 200, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, 200, SEEK_SET);
+    fputc(ch ^ 0x5A, f);
+    fclose(f);
+    c = open_ctx(&o);
+    report(!kvcl_ctx_from_cache(c), "corrupt cache entry: rebuilt from source", "used the corrupt binary");
+    kvcl_close(c);
+    c = open_ctx(&o);
+    report(kvcl_ctx_from_cache(c), "rebuilt entry cached again", "rebuilt");
+    kvcl_close(c);
+    if (truncate(files[0], 50) != 0) printf("truncate failed\n");
+    c = open_ctx(&o);
+    report(!kvcl_ctx_from_cache(c), "truncated cache entry: rebuilt from source", "used it");
+    kvcl_close(c);
+
+    /* other build options are another key */
+    o.portable = true;
+    c = open_ctx(&o);
+    report(!kvcl_ctx_from_cache(c), "other build options: another cache entry", "shared the entry");
+    kvcl_close(c);
+}
+
+static void test_open_errors(void) {
+    printf("     (a driver may print the build error of the next case itself)\n");
+    kvcl_ctx *c = (kvcl_ctx *)1;
+    kvcl_options o = {.cache_dir = "", .extra_source = "kernel void broken(global float *x) { x[0] = undeclared; }"};
+    kv_status st = kvcl_open(&o, &c, &g_err);
+    report(st == KV_ERR_DEVICE && !c && strstr(g_err.msg, "build failed") && strstr(g_err.msg, "undeclared"),
+           "build error: KV_ERR_DEVICE with the build log", "status %d: %s", st, g_err.msg);
+    o = (kvcl_options){.device = 99};
+    st = kvcl_open(&o, &c, &g_err);
+    report(st == KV_ERR_ARG && !c && strstr(g_err.msg, "no OpenCL device 99"), "device index out of range",
+           "status %d: %s", st, g_err.msg);
+}
+
+static void test_failed_launch(void) {
+    kvcl_options o = {.cache_dir = g_cache};
+    kvcl_ctx *c = open_ctx(&o);
+    kvcl_buf *b = dev_buf(c, NULL, 1024);
+    /* a kernel launched without its arguments: the driver refuses it */
+    kvcl_launch L = kvcl_launch_begin(c, c->add);
+    size_t g = 64, l = 64;
+    kv_status st = kvcl_launch_run(&L, 1, &g, &l, "add", &g_err);
+    char first[KV_ERROR_MAX];
+    snprintf(first, sizeof first, "%s", g_err.msg);
+    report(st != KV_OK && strstr(first, "unusable"), "failed launch: error with a message", "%d: %s", st, first);
+    st = kvcl_scale(c, kvcl_at(b, 0), 16, 2.0f, &g_err);
+    report(st != KV_OK && strcmp(g_err.msg, first) == 0, "later ops return the first failure", "%d: %s", st,
+           g_err.msg);
+    st = kvcl_finish(c, &g_err);
+    report(st != KV_OK && strcmp(g_err.msg, first) == 0, "and so does a wait", "%d", st);
+    kvcl_buf_free(b);
+    kvcl_close(c);
+    report(true, "closing a failed context", " ");
+}
+
+/* More than the device holds: refused up front (drivers that allocate
+ * lazily would fail at first use, or overcommit), the context still works. */
+static void test_out_of_memory(kvcl_ctx *c) {
+    const uint64_t mem = kvcl_ctx_device(c)->memory;
+    kvcl_buf *big = (kvcl_buf *)1, *half = NULL;
+    kv_status st = kvcl_buf_create(c, (size_t)(mem + 4096), 4096, &big, &g_err);
+    report(st == KV_ERR_NOMEM && !big && strstr(g_err.msg, "exceed"), "buffer larger than the device: KV_ERR_NOMEM",
+           "%d: %s", st, g_err.msg);
+    st = kvcl_buf_create(c, (size_t)(mem / 2 + 4096), 1, &half, &g_err);
+    kvcl_buf *other = NULL;
+    kv_status st2 = st == KV_OK ? kvcl_buf_create(c, (size_t)(mem / 2 + 4096), 1, &other, &g_err) : st;
+    report(st == KV_OK && st2 == KV_ERR_NOMEM && !other, "two halves and a bit: the second refused", "%d %d: %s", st,
+           st2, g_err.msg);
+    kvcl_buf_free(half);
+    float one = 1.0f, back = 0.0f;
+    kvcl_buf *b = dev_floats(c, &one, 1);
+    st = kvcl_scale(c, kvcl_at(b, 0), 1, 3.0f, &g_err);
+    if (st == KV_OK) get_floats(c, b, 0, &back, 1);
+    report(st == KV_OK && back == 3.0f, "the context works after refusals", "%d %g", st, back);
+    kvcl_buf_free(b);
+}
+
+/* The prefill path measured once, then read back from the cache directory
+ * (which path wins is the device's business: not asserted). */
+static void test_prefill_choice(void) {
+    kvcl_options o = {.cache_dir = g_cache};
+    kvcl_ctx *c = open_ctx(&o);
+    bool measured = false, again = true;
+    double g[2];
+    kv_status st = kvcl_prefill_choose(c, KV_TYPE_Q8_0, 256, 256, 16, &measured, g, &g_err);
+    const int first = kvcl_prefill_path(c);
+    report(st == KV_OK && measured && g[0] > 0 && (g[1] > 0) == kvcl_have_clblast(),
+           "prefill choice: both paths timed the first time", "%d: %s", st, st ? g_err.msg : "");
+    printf("     (tiled %.1f, clblast %.1f GFLOP/s: %s)\n", g[0], g[1], first == KVCL_MM_TILED ? "tiled" : "clblast");
+    kvcl_close(c);
+    c = open_ctx(&o);
+    st = kvcl_prefill_choose(c, KV_TYPE_Q8_0, 256, 256, 16, &again, g, &g_err);
+    report(st == KV_OK && !again && kvcl_prefill_path(c) == first, "prefill choice: read back, not timed again",
+           "%d measured %d", st, again);
+    kvcl_close(c);
+}
+
+/* ==== embedding / dequantization ===================================================== */
+
+/* rows ids of a (rows, cols) table of every type, bit for bit */
+static void test_embed_on(kvcl_ctx *c, const char *label) {
+    for (int wi = 0; wi < N_WTYPES; wi++) {
+        const int type = k_wtypes[wi];
+        const int blk = kv_type_traits_get(type)->blck;
+        /* the output (T, cols) must fit one part of the split context */
+        const int max_blocks = kvcl_ctx_device(c)->max_alloc < (64 << 10) ? 1024 / blk : 2304 / blk;
+        const int64_t cols = blk == 1 ? 67 + irand(200) : blk * (1 + irand(max_blocks)), rows = 50 + irand(300), T = 7;
+        uint8_t *bytes;
+        float *deq;
+        random_weight(type, rows, cols, &bytes, &deq);
+        kvcl_weight w;
+        kv_status st = kvcl_weight_upload(c, type, rows, cols, bytes, &w, &g_err);
+        int32_t ids[7] = {0, (int32_t)rows - 1, 3, 3, irand(rows), irand(rows), irand(rows)};
+        kvcl_buf *ib = dev_buf(c, ids, sizeof ids), *out = dev_buf(c, NULL, sizeof(float) * (T * cols + 5));
+        if (st == KV_OK) st = kvcl_embed(c, &w, ib, T, kvcl_at(out, 5), &g_err);
+        float *got = xmalloc(sizeof(float) * T * cols);
+        if (st == KV_OK) get_floats(c, out, 5, got, T * cols);
+        int bad = 0;
+        for (int t = 0; t < T; t++)
+            bad += memcmp(got + t * cols, deq + ids[t] * cols, sizeof(float) * cols) != 0;
+        char name[160];
+        snprintf(name, sizeof name, "embed %s %s (%lld x %lld, %d parts): bit-identical to kv_dequantize_row", label,
+                 tname(type), (long long)rows, (long long)cols, w.buf ? kvcl_buf_parts(w.buf) : 0);
+        report(st == KV_OK && bad == 0, name, "%s; %d rows differ", st ? g_err.msg : "", bad);
+        kvcl_weight_free(&w);
+        kvcl_buf_free(ib);
+        kvcl_buf_free(out);
+        free(bytes), free(deq), free(got);
+    }
+}
+
+/* ==== matrix products ============================================================== */
+
+#define U_F32 (FLT_EPSILON / 2) /* unit roundoff of float */
+
+/* y(T, rows) = x W^T (+ bias) in float64, and mag = sum |w x| (+ |bias|):
+ * the scale of each output's rounding error */
+static void ref_matmul(const float *W, int64_t rows, int64_t cols, const float *x, int64_t T, const float *bias,
+                       double *y, double *mag) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double s = bias ? bias[r] : 0.0, m = bias ? fabs(bias[r]) : 0.0;
+            for (int64_t i = 0; i < cols; i++) {
+                s += (double)W[r * cols + i] * x[t * cols + i];
+                m += fabs((double)W[r * cols + i] * x[t * cols + i]);
+            }
+            y[t * rows + r] = s, mag[t * rows + r] = m;
+        }
+}
+
+/* Rounding bound of a path, as a multiple of mag: gamma(n) = n u for the
+ * longest chain of additions an output goes through. Our kernels: 16 lane
+ * sums of cols / 16 products, a 16-lane sum (4), the float tail (< 32),
+ * the bias (1), and for the work-group GEMV a 64-item tree (6); the weights
+ * are exact (dequantized as kv_dequantize_row). CLBlast's order is its own:
+ * the bound of any order, cols + 1 additions. */
+static double path_gamma(int path, int64_t cols) {
+    const double n = path == KVCL_MM_CLBLAST ? (double)cols + 1 : (double)cols / 16 + 4 + 32 + 1 + 6;
+    return n * U_F32;
+}
+
+static const char *path_name(const kvcl_ctx *c, int path) {
+    if (path == KVCL_MM_GEMV) return c->gemv == KVCL_GEMV_GROUP ? "gemv-group" : "gemv-row";
+    return path == KVCL_MM_TILED ? "tiled" : "clblast";
+}
+
+typedef struct {
+    int path, type;
+    int64_t rows, cols, T;
+    bool bias;
+    int64_t pad; /* ldy = rows + pad, and view offsets */
+} mm_case;
+
+/* one product on the device against the float64 reference; returns the
+ * device output (T, rows) (caller frees) for further comparison */
+static float *check_matmul(kvcl_ctx *c, const char *label, const mm_case *k, const uint8_t *bytes, const float *deq,
+                           const float *x, const float *bias) {
+    const int64_t rows = k->rows, cols = k->cols, T = k->T, ldy = rows + k->pad;
+    kvcl_weight w;
+    kv_status st = kvcl_weight_upload(c, k->type, rows, cols, bytes, &w, &g_err);
+    float *xpad = xmalloc(sizeof(float) * (T * cols + k->pad));
+    memcpy(xpad + k->pad, x, sizeof(float) * T * cols);
+    kvcl_buf *xb = dev_floats(c, xpad, T * cols + k->pad), *yb = dev_buf(c, NULL, sizeof(float) * (T * ldy + k->pad));
+    kvcl_buf *bb = k->bias ? dev_floats(c, bias, rows) : NULL;
+    if (st == KV_OK)
+        st = kvcl_matmul_with(c, k->path, &w, bb, kvcl_at(xb, k->pad), T, kvcl_at(yb, k->pad), ldy, &g_err);
+    float *yd = xmalloc(sizeof(float) * T * ldy), *got = xmalloc(sizeof(float) * T * rows);
+    double *ref = xmalloc(sizeof(double) * T * rows), *mag = xmalloc(sizeof(double) * T * rows);
+    if (st == KV_OK) get_floats(c, yb, k->pad, yd, (T - 1) * ldy + rows);
+    for (int64_t t = 0; t < T; t++) memcpy(got + t * rows, yd + t * ldy, sizeof(float) * rows);
+    ref_matmul(deq, rows, cols, x, T, k->bias ? bias : NULL, ref, mag);
+    const double g = path_gamma(k->path, cols);
+    int bad = 0;
+    double worst = 0; /* largest error / bound */
+    for (int64_t i = 0; i < T * rows; i++) {
+        const double err = fabs(got[i] - ref[i]), bound = g * mag[i] + 1e-30;
+        if (!(err <= bound)) bad++;
+        if (err / bound > worst) worst = err / bound;
+    }
+    char name[200];
+    snprintf(name, sizeof name, "matmul %s %s %s (%lld x %lld, T %lld%s%s, %d parts): within %.1e |w||x|", label,
+             path_name(c, k->path), tname(k->type), (long long)rows, (long long)cols, (long long)T,
+             k->bias ? ", bias" : "", k->pad ? ", strided" : "", w.buf ? kvcl_buf_parts(w.buf) : 0, g);
+    report(st == KV_OK && bad == 0, name, "%s; %d outputs outside, worst %.2f x the bound", st ? g_err.msg : "", bad,
+           worst);
+    kvcl_weight_free(&w);
+    kvcl_buf_free(xb), kvcl_buf_free(yb), kvcl_buf_free(bb);
+    free(xpad), free(yd), free(ref), free(mag);
+    return got;
+}
+
+/* |y_cpu - y_exact| for kv_matmul: its activations are quantized to 8 bits
+ * per block (Q8_0 / Q8_1 of 32 for the 32-element weight formats, Q8_K of
+ * 256 for the K-quants): each x moves by at most 0.6 d (half a step d =
+ * amax / 127, plus the step rounded to f16: 127 d 2^-11), so an output by
+ * sum over blocks of 0.6 d_b sum |w| over the block. Q8_1's block sum
+ * (times Q4_1/Q5_1's min) is rounded to f16 too: |m| sum |x| 2^-11 more.
+ * Plus the float rounding of its dot products (gamma(cols)). */
+static void cpu_bound(int type, const uint8_t *wrow, const float *w, int64_t cols, const float *x, double *out) {
+    const int vt = kv_vec_dot_type(type);
+    const int qb = vt == KV_TYPE_Q8_K ? 256 : 32;
+    const size_t bb = kv_type_traits_get(type)->type_size;
+    double s = 0.0, mag = 0.0;
+    for (int64_t b0 = 0; b0 < cols; b0 += qb) {
+        double amax = 0.0, sw = 0.0, sx = 0.0;
+        for (int64_t i = b0; i < b0 + qb && i < cols; i++) {
+            amax = fmax(amax, fabs(x[i]));
+            sw += fabs(w[i]), sx += fabs(x[i]);
+            mag += fabs((double)w[i] * x[i]);
+        }
+        if (vt != KV_TYPE_F32) s += 0.6 * amax / 127 * sw;
+        if (vt == KV_TYPE_Q8_1) { /* min of the weight block: f16 at byte 2 */
+            uint16_t m;
+            memcpy(&m, wrow + (b0 / 32) * bb + 2, 2);
+            s += fabs(kv_f16_to_f32(m)) * sx * ldexp(1.0, -11);
+        }
+    }
+    *out = s + (double)(cols + 2) * U_F32 * mag * 1.01;
+}
+
+/* The device product against kv_matmul (scalar): the difference stays
+ * within their two bounds. */
+static void check_against_cpu(const mm_case *k, const uint8_t *bytes, const float *deq, const float *x,
+                              const float *got) {
+    const int64_t rows = k->rows, cols = k->cols, T = k->T;
+    const size_t rb = kv_row_size(k->type, cols);
+    float *yc = xmalloc(sizeof(float) * T * rows);
+    void *scratch = xmalloc(kv_matmul_scratch_size(k->type, cols, T));
+    kv_matmul(NULL, k->type, bytes, rows, cols, x, T, yc, rows, scratch);
+    int bad = 0;
+    double worst = 0, maxdiff = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double bc, mag = 0;
+            cpu_bound(k->type, bytes + r * rb, deq + r * cols, cols, x + t * cols, &bc);
+            for (int64_t i = 0; i < cols; i++) mag += fabs((double)deq[r * cols + i] * x[t * cols + i]);
+            const double bound = bc + path_gamma(k->path, cols) * mag + 1e-30;
+            const double d = fabs((double)got[t * rows + r] - yc[t * rows + r]);
+            bad += !(d <= bound);
+            worst = fmax(worst, d / bound);
+            maxdiff = fmax(maxdiff, d / (mag + 1e-30));
+        }
+    char name[200];
+    snprintf(name, sizeof name, "matmul %s vs kv_matmul (8-bit activations): within its bound (max diff %.1e |w||x|)",
+             tname(k->type), maxdiff);
+    report(bad == 0, name, "%d outside, worst %.2f x the bound", bad, worst);
+    free(yc), free(scratch);
+}
+
+static void test_matmul_on(kvcl_ctx *c, const char *label, const int *paths, int n_paths, bool vs_cpu) {
+    static const int64_t Ts[] = {1, 3, 2, 9, 17, 33};
+    for (int wi = 0; wi < N_WTYPES; wi++) {
+        const int type = k_wtypes[wi], blk = kv_type_traits_get(type)->blck;
+        for (int pi = 0; pi < n_paths; pi++) {
+            const int path = paths[pi];
+            if (path == KVCL_MM_CLBLAST && !kvcl_have_clblast()) continue;
+            mm_case k = {path, type, 1 + irand(300), blk == 1 ? 1 + irand(400) : blk * (1 + irand(2048 / blk)),
+                         path == KVCL_MM_GEMV ? Ts[irand(2)] : Ts[2 + irand(4)], irand(2), irand(2) * 5};
+            if (kvcl_ctx_device(c)->max_alloc < (1 << 20)) k.cols = blk * (1 + irand(1024 / blk)), k.T = 2;
+            uint8_t *bytes;
+            float *deq, *x = xmalloc(sizeof(float) * k.T * k.cols), *bias = xmalloc(sizeof(float) * k.rows);
+            random_weight(type, k.rows, k.cols, &bytes, &deq);
+            for (int64_t i = 0; i < k.T * k.cols; i++) x[i] = frand();
+            for (int64_t i = 0; i < k.rows; i++) bias[i] = frand();
+            if (vs_cpu && pi == 0) k.bias = false; /* kv_matmul has no bias */
+            float *got = check_matmul(c, label, &k, bytes, deq, x, bias);
+            if (vs_cpu && pi == 0) check_against_cpu(&k, bytes, deq, x, got);
+            free(bytes), free(deq), free(x), free(bias), free(got);
+        }
+    }
+}
+
+/* ==== elementwise ops against the CPU backend ======================================== */
+
+/* |got - ref| <= rel * |ref| + abs everywhere: count of those outside */
+static int count_outside(const float *got, const float *ref, int64_t n, double rel, double abs_tol) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += !(fabs((double)got[i] - ref[i]) <= rel * fabs(ref[i]) + abs_tol);
+    return bad;
+}
+
+static int count_exact(const float *got, const float *ref, int64_t n) {
+    int same = 0;
+    for (int64_t i = 0; i < n; i++) same += memcmp(&got[i], &ref[i], 4) == 0;
+    return same;
+}
+
+/* RMSNorm: the device sums the squares in double (or with a compensated
+ * float sum on the portable path) in another order than the CPU's
+ * sequential double sum, so the float mean may differ in its last bit:
+ * a few ulps. */
+static void test_rmsnorm(kvcl_ctx *c, const char *label, double ulps) {
+    static const int64_t shapes[][2] = {{1, 2048}, {5, 67}, {3, 1}, {130, 576}, {2, 4096 + 3}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t T = shapes[si][0], n = shapes[si][1];
+        float *x = xmalloc(sizeof(float) * T * n), *w = xmalloc(sizeof(float) * n);
+        float *ref = xmalloc(sizeof(float) * T * n), *got = xmalloc(sizeof(float) * T * n);
+        for (int64_t i = 0; i < T * n; i++) x[i] = frand() * (1 + (i % 7));
+        for (int64_t i = 0; i < n; i++) w[i] = frand() + 1.0f;
+        for (int with_w = 0; with_w < 2; with_w++) {
+            g_cpu.rmsnorm(&g_cpu, ref, x, with_w ? w : NULL, T, n, 1e-6f);
+            kvcl_buf *xb = dev_floats(c, x, T * n), *wb = dev_floats(c, w, n);
+            /* in place on even shapes, into another buffer on odd ones */
+            kvcl_buf *yb = si % 2 ? dev_buf(c, NULL, sizeof(float) * T * n) : xb;
+            kv_status st = kvcl_rmsnorm(c, kvcl_at(yb, 0), kvcl_at(xb, 0), with_w ? wb : NULL, T, n, 1e-6f, &g_err);
+            if (st == KV_OK) get_floats(c, yb, 0, got, T * n);
+            const int bad = count_outside(got, ref, T * n, ulps * FLT_EPSILON, 0);
+            char name[160];
+            snprintf(name, sizeof name, "rmsnorm%s (%lld, %lld)%s: within %g ulps of the CPU (%d of %lld identical)",
+                     label, (long long)T, (long long)n, with_w ? " * w" : "", ulps, count_exact(got, ref, T * n),
+                     (long long)(T * n));
+            report(st == KV_OK && bad == 0, name, "%s; %d outside", st ? g_err.msg : "", bad);
+            if (yb != xb) kvcl_buf_free(yb);
+            kvcl_buf_free(xb), kvcl_buf_free(wb);
+        }
+        free(x), free(w), free(ref), free(got);
+    }
+}
+
+/* RoPE: the angles are the same floats (same multiplications, correctly
+ * rounded division); cos and sin may differ by the device's 4 ulps
+ * (OpenCL's bound) against the C library's: each output within
+ * 8 eps (|a| + |b|) of its pair (a, b). */
+static void test_rope(kvcl_ctx *c) {
+    static const int hds[] = {64, 128, 256};
+    for (int ci = 0; ci < 8; ci++) {
+        const int hd = hds[ci % 3], n_head = 1 + irand(9), T = ci < 2 ? 1 : 1 + irand(40);
+        float factors[128];
+        for (int i = 0; i < 128; i++) factors[i] = 1.0f + (float)irand(8);
+        kv_rope_params rp = {ci % 2 ? KV_ROPE_NEOX : KV_ROPE_NORM, ci % 4 == 3 ? hd / 2 : hd,
+                             ci % 3 == 0 ? 500000.0f : 10000.0f, ci == 5 ? 0.25f : 1.0f, ci % 4 == 2 ? factors : NULL};
+        const int64_t n = (int64_t)T * n_head * hd;
+        int32_t *pos = xmalloc(sizeof(int32_t) * T);
+        float *x = xmalloc(sizeof(float) * n), *ref = xmalloc(sizeof(float) * n), *got = xmalloc(sizeof(float) * n);
+        for (int t = 0; t < T; t++) pos[t] = irand(8192);
+        for (int64_t i = 0; i < n; i++) x[i] = ref[i] = frand();
+        g_cpu.rope(&g_cpu, ref, T, n_head, hd, pos, &rp);
+        kvcl_buf *xb = dev_floats(c, x, n), *pb = dev_buf(c, pos, sizeof(int32_t) * T);
+        kvcl_buf *fb = dev_floats(c, factors, 128);
+        kv_status st = kvcl_rope(c, kvcl_at(xb, 0), T, n_head, hd, pb, &rp, rp.freq_factors ? fb : NULL, &g_err);
+        if (st == KV_OK) get_floats(c, xb, 0, got, n);
+        int bad = 0;
+        const int half = rp.n_rot / 2;
+        for (int64_t r = 0; r < (int64_t)T * n_head; r++)
+            for (int i = 0; i < hd; i++) {
+                /* the pair element i belongs to (dims past n_rot are untouched: their own pair) */
+                int a = i, b = i;
+                if (i < rp.n_rot) {
+                    if (rp.mode == KV_ROPE_NEOX) a = i % half, b = a + half;
+                    else a = i & ~1, b = a + 1;
+                }
+                const double tol = 8 * FLT_EPSILON * (fabs(x[r * hd + a]) + fabs(x[r * hd + b]));
+                bad += !(fabs((double)got[r * hd + i] - ref[r * hd + i]) <= tol);
+            }
+        char name[200];
+        snprintf(name, sizeof name, "rope %s hd %d n_rot %d heads %d T %d%s%s: within 8 eps of the CPU (%d of %lld identical)",
+                 rp.mode == KV_ROPE_NEOX ? "neox" : "norm", hd, rp.n_rot, n_head, T, rp.freq_factors ? ", factors" : "",
+                 rp.freq_scale != 1.0f ? ", scaled" : "", count_exact(got, ref, n), (long long)n);
+        report(st == KV_OK && bad == 0, name, "%s; %d outside", st ? g_err.msg : "", bad);
+        kvcl_buf_free(xb), kvcl_buf_free(pb), kvcl_buf_free(fb);
+        free(pos), free(x), free(ref), free(got);
+    }
+}
+
+/* add and scale: one float operation, bit-identical. Soft cap (tanh: 5
+ * ulps in OpenCL) and SiLU (exp: 3 ulps, then a division and a product):
+ * within 8 eps relative. GELU: the CPU rounds input and result to f16, so
+ * does the device; a tanh differing in its last bits can move the result
+ * by one f16 step (2^-10 relative), and for gate << 0, where 1 + tanh(.)
+ * cancels, by 0.5 |gate| 5 ulp(1) |up| <= 1.1e-5 absolute (|gate| < 12,
+ * |up| < 3 here). */
+static void test_pointwise(kvcl_ctx *c) {
+    static const int64_t sizes[] = {1, 63, 1000, 65 * 1024 + 7};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int64_t n = sizes[si];
+        float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
+        float *ref = xmalloc(sizeof(float) * n), *got = xmalloc(sizeof(float) * n);
+        for (int64_t i = 0; i < n; i++) a[i] = frand() * 12.0f, b[i] = frand() * 3.0f;
+        kvcl_buf *ab = dev_buf(c, NULL, sizeof(float) * (n + 2)), *bb = dev_floats(c, b, n); /* a at offset 2 */
+        struct {
+            const char *name;
+            double rel, abs;
+            int op; /* 0 add, 1 scale, 2 softcap, 3 silu, 4 gelu */
+        } ops[] = {{"add", 0, 1e-37, 0}, {"scale", 0, 1e-37, 1}, {"softcap", 8 * FLT_EPSILON, 1e-37, 2},
+                   {"silu", 8 * FLT_EPSILON, 1e-37, 3}, {"gelu", 1.0 / 1024, 1.1e-5, 4}};
+        for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++) {
+            memcpy(ref, a, sizeof(float) * n);
+            kvcl_write(c, ab, 2 * sizeof(float), a, sizeof(float) * n, &g_err);
+            kvcl_view av = kvcl_at(ab, 2), bv = kvcl_at(bb, 0);
+            kv_status st = KV_OK;
+            switch (ops[oi].op) {
+            case 0: g_cpu.add(&g_cpu, ref, b, n), st = kvcl_add(c, av, bv, n, &g_err); break;
+            case 1: g_cpu.scale(&g_cpu, ref, n, 0.37f), st = kvcl_scale(c, av, n, 0.37f, &g_err); break;
+            case 2: g_cpu.softcap(&g_cpu, ref, n, 5.0f), st = kvcl_softcap(c, av, n, 5.0f, &g_err); break;
+            case 3:
+                g_cpu.ffn_act(&g_cpu, ref, b, n, KV_ACT_SILU), st = kvcl_ffn_act(c, av, bv, n, KV_ACT_SILU, &g_err);
+                break;
+            case 4:
+                g_cpu.ffn_act(&g_cpu, ref, b, n, KV_ACT_GELU_TANH);
+                st = kvcl_ffn_act(c, av, bv, n, KV_ACT_GELU_TANH, &g_err);
+                break;
+            }
+            if (st == KV_OK) get_floats(c, ab, 2, got, n);
+            const int bad = count_outside(got, ref, n, ops[oi].rel, ops[oi].abs);
+            char name[160];
+            snprintf(name, sizeof name, "%s n %lld: within %.1e relative + %.1e of the CPU (%d of %lld identical)",
+                     ops[oi].name, (long long)n, ops[oi].rel, ops[oi].abs, count_exact(got, ref, n), (long long)n);
+            report(st == KV_OK && bad == 0, name, "%s; %d outside", st ? g_err.msg : "", bad);
+        }
+        kvcl_buf_free(ab), kvcl_buf_free(bb);
+        free(a), free(b), free(ref), free(got);
+    }
+}
+
+static void test_all_finite(kvcl_ctx *c) {
+    const int64_t n = 4099;
+    float *x = xmalloc(sizeof(float) * n);
+    for (int64_t i = 0; i < n; i++) x[i] = frand() * 1e30f;
+    const float bad_values[] = {NAN, INFINITY, -INFINITY};
+    kvcl_buf *b = dev_floats(c, x, n);
+    bool ok = false;
+    kv_status st = kvcl_all_finite(c, kvcl_at(b, 0), n, &ok, &g_err);
+    report(st == KV_OK && ok, "all_finite: finite values", "%d %d", st, ok);
+    for (int k = 0; k < 3; k++) {
+        const int64_t at = k == 0 ? n - 1 : irand((int)n);
+        kvcl_write(c, b, at * sizeof(float), &bad_values[k], sizeof(float), &g_err);
+        st = kvcl_all_finite(c, kvcl_at(b, 0), n, &ok, &g_err);
+        report(st == KV_OK && !ok, k == 0 ? "all_finite: NaN at the end" : k == 1 ? "all_finite: +inf" : "all_finite: -inf",
+               "%d %d", st, ok);
+        kvcl_write(c, b, at * sizeof(float), &x[at], sizeof(float), &g_err);
+    }
+    kvcl_buf_free(b);
+    free(x);
+}
+
+/* ==== K/V pages and attention ======================================================== */
+
+/* a layer's pages on the device: page ids shuffled, buffers pre-filled with
+ * 0xAB so rows nobody wrote are recognizable */
+typedef struct {
+    kvcl_pages pg;
+    int32_t *tab;   /* (max_pages) */
+    size_t kbytes, vbytes;
+} test_pages;
+
+static void pages_make(kvcl_ctx *c, test_pages *tp, int n_ctx, int pt, int n_kv, int hd, int hdv, int kt, int vt) {
+    const int used = (n_ctx + pt - 1) / pt, max_pages = used + 3;
+    tp->tab = xmalloc(sizeof(int32_t) * max_pages);
+    for (int i = 0; i < max_pages; i++) tp->tab[i] = i;
+    for (int i = max_pages - 1; i > 0; i--) { /* shuffle */
+        int j = irand(i + 1), t = tp->tab[i];
+        tp->tab[i] = tp->tab[j], tp->tab[j] = t;
+    }
+    tp->kbytes = (size_t)n_kv * max_pages * pt * kvcl_kv_row_bytes(kt, hd);
+    tp->vbytes = (size_t)n_kv * max_pages * pt * kvcl_kv_row_bytes(vt, hdv);
+    uint8_t *fill = xmalloc(tp->kbytes > tp->vbytes ? tp->kbytes : tp->vbytes);
+    memset(fill, 0xAB, tp->kbytes > tp->vbytes ? tp->kbytes : tp->vbytes);
+    tp->pg = (kvcl_pages){dev_buf(c, fill, tp->kbytes), dev_buf(c, fill, tp->vbytes),
+                          dev_buf(c, tp->tab, sizeof(int32_t) * max_pages), pt, max_pages, kt, vt, n_kv, hd, hdv};
+    free(fill);
+}
+
+static void pages_free(test_pages *tp) {
+    kvcl_buf_free(tp->pg.k), kvcl_buf_free(tp->pg.v), kvcl_buf_free(tp->pg.tab);
+    free(tp->tab);
+}
+
+/* one row as the CPU cache stores it */
+static void encode_row(int type, const float *x, int n, uint8_t *out) {
+    if (type == KV_TYPE_F16)
+        for (int i = 0; i < n; i++) {
+            uint16_t h = kv_f32_to_f16(x[i]);
+            memcpy(out + 2 * i, &h, 2);
+        }
+    else if (type == KV_TYPE_Q8_0)
+        kv_quantize_row(KV_TYPE_Q8_0, x, out, n);
+    else
+        memcpy(out, x, sizeof(float) * n);
+}
+
+/* k (n_ctx, n_kv, hd) and v stored through kvcl_kv_store in chunks of
+ * random sizes (crossing page ends); then every row of the buffers checked:
+ * the encoded rows where the table puts them, 0xAB elsewhere */
+static void store_and_check(kvcl_ctx *c, test_pages *tp, int n_ctx, const float *k, const float *v, const char *name) {
+    const kvcl_pages *pg = &tp->pg;
+    const int n_kv = pg->n_head_kv, hd = pg->head_dim, hdv = pg->head_dim_v;
+    kvcl_buf *kb = dev_floats(c, k, (size_t)n_ctx * n_kv * hd), *vb = dev_floats(c, v, (size_t)n_ctx * n_kv * hdv);
+    kv_status st = KV_OK;
+    for (int p = 0; p < n_ctx && st == KV_OK;) {
+        int n = 1 + irand(40);
+        if (n > n_ctx - p) n = n_ctx - p;
+        st = kvcl_kv_store(c, pg, p, n, kvcl_at(kb, (size_t)p * n_kv * hd), kvcl_at(vb, (size_t)p * n_kv * hdv), &g_err);
+        p += n;
+    }
+    uint8_t *K = xmalloc(tp->kbytes), *V = xmalloc(tp->vbytes), *row = xmalloc(4 * 256);
+    if (st == KV_OK) st = kvcl_read(c, pg->k, 0, K, tp->kbytes, &g_err);
+    if (st == KV_OK) st = kvcl_read(c, pg->v, 0, V, tp->vbytes, &g_err);
+    const size_t kr = kvcl_kv_row_bytes(pg->ktype, hd), vr = kvcl_kv_row_bytes(pg->vtype, hdv);
+    int bad = 0, untouched_bad = 0;
+    char *written = xmalloc((size_t)n_kv * pg->max_pages * pg->pt);
+    for (int h = 0; h < n_kv; h++)
+        for (int p = 0; p < n_ctx; p++) {
+            const size_t r = ((size_t)h * pg->max_pages + tp->tab[p / pg->pt]) * pg->pt + p % pg->pt;
+            written[r] = 1;
+            encode_row(pg->ktype, k + ((size_t)p * n_kv + h) * hd, hd, row);
+            bad += memcmp(K + r * kr, row, kr) != 0;
+            encode_row(pg->vtype, v + ((size_t)p * n_kv + h) * hdv, hdv, row);
+            bad += memcmp(V + r * vr, row, vr) != 0;
+        }
+    for (size_t r = 0; r < (size_t)n_kv * pg->max_pages * pg->pt; r++) {
+        if (written[r]) continue;
+        for (size_t i = 0; i < kr; i++) untouched_bad += K[r * kr + i] != 0xAB;
+        for (size_t i = 0; i < vr; i++) untouched_bad += V[r * vr + i] != 0xAB;
+    }
+    report(st == KV_OK && bad == 0 && untouched_bad == 0, name, "%s; %d rows differ, %d bytes written elsewhere",
+           st ? g_err.msg : "", bad, untouched_bad);
+    kvcl_buf_free(kb), kvcl_buf_free(vb);
+    free(K), free(V), free(row), free(written);
+}
+
+/* values as stored: rounded through the row type */
+static void stored_values(int type, const float *x, int n, float *out) {
+    uint8_t row[4 * 256];
+    encode_row(type, x, n, row);
+    if (type == KV_TYPE_F16)
+        for (int i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, row + 2 * i, 2);
+            out[i] = kv_f16_to_f32(h);
+        }
+    else
+        kv_dequantize_row(type, row, out, n);
+}
+
+typedef struct {
+    int n_kv, G, hd, hdv, kt, vt, pos0, T, window, pt;
+    float softcap;
+} att_case;
+
+/* Float64 attention with the engine's numerics (q rounded to f16 for F16
+ * keys, K/V as stored), and a first-order bound on the device's float
+ * error per output: scores carry gamma(hd) sum |q k| (times the scale;
+ * the soft cap's slope is below 1) plus 8 eps |z| for the scale, cap and
+ * exp; a logit error dz moves each probability by 2 dz relative; the
+ * accumulation over n keys and their tile rescalings adds gamma(3 n + 64).
+ * out and tol: (T, n_head, hdv). */
+static void ref_attention(const att_case *a, const float *q, const float *Ks, const float *Vs, double *out,
+                          double *tol) {
+    const int n_head = a->n_kv * a->G, hd = a->hd, hdv = a->hdv;
+    const double scale = 1.0 / sqrt((double)hd) * 1.3, u = U_F32;
+    double *z = xmalloc(sizeof(double) * (a->pos0 + a->T)), *qr = xmalloc(sizeof(double) * hd);
+    for (int t = 0; t < a->T; t++)
+        for (int j = 0; j < n_head; j++) {
+            const int g = j / a->G, qpos = a->pos0 + t;
+            const int lo = a->window > 0 && qpos - a->window + 1 > 0 ? qpos - a->window + 1 : 0;
+            const float *qs = q + ((size_t)t * n_head + j) * hd;
+            for (int i = 0; i < hd; i++) qr[i] = a->kt == KV_TYPE_F16 ? kv_f16_to_f32(kv_f32_to_f16(qs[i])) : qs[i];
+            double M = -INFINITY, dz = 0;
+            for (int p = lo; p <= qpos; p++) {
+                const float *kp = Ks + ((size_t)p * a->n_kv + g) * hd;
+                double s = 0, mag = 0;
+                for (int i = 0; i < hd; i++) s += qr[i] * kp[i], mag += fabs(qr[i] * kp[i]);
+                z[p] = a->softcap > 0 ? a->softcap * tanh(s * scale / a->softcap) : s * scale;
+                dz = fmax(dz, scale * (hd + 2) * u * mag + 8 * FLT_EPSILON * fabs(z[p]));
+                M = fmax(M, z[p]);
+            }
+            double L = 0;
+            for (int p = lo; p <= qpos; p++) L += exp(z[p] - M);
+            const int n = qpos - lo + 1;
+            for (int i = 0; i < hdv; i++) {
+                double o = 0, w = 0;
+                for (int p = lo; p <= qpos; p++) {
+                    const double pr = exp(z[p] - M) / L, vv = Vs[((size_t)p * a->n_kv + g) * hdv + i];
+                    o += pr * vv, w += pr * fabs(vv);
+                }
+                out[((size_t)t * n_head + j) * hdv + i] = o;
+                tol[((size_t)t * n_head + j) * hdv + i] = (2 * dz + (3.0 * n + 64) * u) * w + 1e-30;
+            }
+        }
+    free(z), free(qr);
+}
+
+static int g_att_seq;
+
+static void test_attention_case(kvcl_ctx *c, const att_case *a) {
+    const int n_head = a->n_kv * a->G, n_ctx = a->pos0 + a->T, hd = a->hd, hdv = a->hdv;
+    const size_t nk = (size_t)n_ctx * a->n_kv * hd, nv = (size_t)n_ctx * a->n_kv * hdv;
+    const size_t nq = (size_t)a->T * n_head * hd, no = (size_t)a->T * n_head * hdv;
+    float *k = xmalloc(sizeof(float) * nk), *v = xmalloc(sizeof(float) * nv), *q = xmalloc(sizeof(float) * nq);
+    for (size_t i = 0; i < nk; i++) k[i] = frand() * 2;
+    for (size_t i = 0; i < nv; i++) v[i] = frand();
+    for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
+    char label[200];
+    snprintf(label, sizeof label, "kv %d x G %d, hd %d/%d, %s/%s, pos0 %d T %d, window %d, cap %g, pages of %d", a->n_kv,
+             a->G, hd, hdv, tname(a->kt), tname(a->vt), a->pos0, a->T, a->window, a->softcap, a->pt);
+
+    test_pages tp;
+    pages_make(c, &tp, n_ctx, a->pt, a->n_kv, hd, hdv, a->kt, a->vt);
+    char name[300];
+    snprintf(name, sizeof name, "kv_store %s: rows as the CPU encodes them, where the table puts them", label);
+    store_and_check(c, &tp, n_ctx, k, v, name);
+
+    /* device */
+    kv_attn_params ap = {0, n_head, a->n_kv, hd, hdv, (float)(1.0 / sqrt((double)hd) * 1.3), a->window, a->softcap};
+    kvcl_buf *qb = dev_floats(c, q, nq), *ob = dev_buf(c, NULL, sizeof(float) * (no + 1));
+    float *got = xmalloc(sizeof(float) * no), *again = xmalloc(sizeof(float) * no);
+    kv_status st = kvcl_attention(c, &tp.pg, &ap, kvcl_at(qb, 0), a->T, a->pos0, kvcl_at(ob, 1), &g_err);
+    if (st == KV_OK) get_floats(c, ob, 1, got, no);
+    if (st == KV_OK) st = kvcl_attention(c, &tp.pg, &ap, kvcl_at(qb, 0), a->T, a->pos0, kvcl_at(ob, 1), &g_err);
+    if (st == KV_OK) get_floats(c, ob, 1, again, no);
+
+    /* float64 reference on the stored values */
+    float *Ks = xmalloc(sizeof(float) * nk), *Vs = xmalloc(sizeof(float) * nv);
+    for (size_t r = 0; r < nk / hd; r++) stored_values(a->kt, k + r * hd, hd, Ks + r * hd);
+    for (size_t r = 0; r < nv / hdv; r++) stored_values(a->vt, v + r * hdv, hdv, Vs + r * hdv);
+    double *ref = xmalloc(sizeof(double) * no), *tol = xmalloc(sizeof(double) * no);
+    ref_attention(a, q, Ks, Vs, ref, tol);
+    int bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < no; i++) {
+        const double err = fabs(got[i] - ref[i]);
+        bad += !(err <= tol[i]);
+        worst = fmax(worst, err / tol[i]);
+    }
+    snprintf(name, sizeof name, "attention %s: within the float64 bound (worst %.2f of it)", label, worst);
+    report(st == KV_OK && bad == 0, name, "%s; %d outside", st ? g_err.msg : "", bad);
+    snprintf(name, sizeof name, "attention %s: the same bits when run again", label);
+    report(st == KV_OK && memcmp(got, again, sizeof(float) * no) == 0, name, "differs");
+
+    /* the CPU backend on pages of its own holding the same rows: within both bounds */
+    kv_kvcache *kc = NULL;
+    bad = -1;
+    if (kv_kvcache_create_bare(1, a->n_kv, hd, hdv, n_ctx, a->kt, a->vt, a->pt, &kc, &g_err) == KV_OK) {
+        float *cpu = xmalloc(sizeof(float) * no);
+        float *work = xmalloc(sizeof(float) * g_cpu.attn_scratch(&g_cpu, &ap, a->T));
+        g_cpu.kv_store(&g_cpu, kc, 0, 0, n_ctx, k, v);
+        g_cpu.attention(&g_cpu, kc, &ap, q, a->T, a->pos0, cpu, work);
+        bad = 0;
+        for (size_t i = 0; i < no; i++) bad += !(fabs((double)got[i] - cpu[i]) <= 2 * tol[i]);
+        free(cpu), free(work);
+        kv_kvcache_free(kc);
+    }
+    snprintf(name, sizeof name, "attention %s: within twice the bound of the CPU backend", label);
+    report(st == KV_OK && bad == 0, name, "%d outside", bad);
+
+    pages_free(&tp);
+    kvcl_buf_free(qb), kvcl_buf_free(ob);
+    free(k), free(v), free(q), free(got), free(again), free(Ks), free(Vs), free(ref), free(tol);
+    g_att_seq++;
+}
+
+static void test_attention(kvcl_ctx *c) {
+    const int F16 = KV_TYPE_F16, F32 = KV_TYPE_F32, Q8 = KV_TYPE_Q8_0;
+    const att_case cases[] = {
+        /* n_kv G  hd  hdv  kt   vt   pos0  T  window pt cap */
+        {2, 4, 64, 64, F16, F16, 699, 1, 0, 16, 0},     /* decode, keys split in slices of 256 */
+        {3, 3, 128, 128, Q8, Q8, 299, 1, 100, 64, 0},   /* GQA 3, window, Q8_0 pages */
+        {2, 1, 256, 256, F32, F16, 12, 33, 0, 16, 30},  /* prefill, head 256, soft cap */
+        {16, 1, 64, 64, F16, F16, 5, 80, 17, 32, 0},    /* many groups: no split */
+        {2, 3, 128, 128, Q8, F16, 250, 7, 0, 64, 0},    /* short prefill after a long context: split */
+        {1, 4, 128, 64, F16, Q8, 0, 1, 0, 16, 0},       /* the first token; V smaller than K */
+        {1, 4, 256, 256, F16, F16, 2048, 1, 512, 128, 0}, /* gemma's local layers at depth */
+        {4, 4, 64, 64, F16, F16, 37, 50, 0, 16, 0},     /* GQA 4 prefill */
+        {2, 1, 128, 128, F32, F32, 3, 1, 2, 16, 50},    /* tiny window */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(c, &cases[i]);
+}
+
+/* ==== main ======================================================================= */
+
+int main(void) {
+    setenv("KVLUA_SIMD", "scalar", 1); /* the reference: the engine's portable path */
+    kvcl_device_info info;
+    if (kvcl_devices(&info, 1) == 0) return kvt_skip("no OpenCL device");
+    printf("device: %s (%s, %s)\n", info.name, info.platform, info.type);
+    snprintf(g_cache, sizeof g_cache, "/tmp/kvcl-test-XXXXXX");
+    if (!mkdtemp(g_cache)) return kvt_skip("no temporary directory");
+    if (kv_pool_create(1, &g_pool, &g_err) != KV_OK || kv_backend_cpu_init(&g_cpu, g_pool, &g_err) != KV_OK) {
+        printf("cpu backend: %s\n", g_err.msg);
+        return 2;
+    }
+
+    test_program_cache();
+    test_open_errors();
+    test_failed_launch();
+    test_prefill_choice();
+
+    kvcl_options o = {.cache_dir = g_cache};
+    g_c = open_ctx(&o);
+    /* weights split into parts of at most 32 KiB */
+    kvcl_options small = {.cache_dir = g_cache, .max_alloc = 32 << 10};
+    kvcl_ctx *split = open_ctx(&small);
+
+    test_out_of_memory(g_c);
+    test_embed_on(g_c, "");
+    test_embed_on(split, "split");
+
+    const int all_paths[] = {KVCL_MM_GEMV, KVCL_MM_TILED, KVCL_MM_CLBLAST};
+    test_matmul_on(g_c, "", all_paths, 3, true);
+    test_matmul_on(split, "split", all_paths, 3, false);
+    kvcl_options grp = {.cache_dir = g_cache, .gemv = KVCL_GEMV_GROUP};
+    kvcl_ctx *cg = open_ctx(&grp);
+    test_matmul_on(cg, "", all_paths, 1, false);
+    kvcl_close(cg);
+
+    test_rmsnorm(g_c, "", 4);
+    kvcl_options port = {.cache_dir = g_cache, .portable = true};
+    kvcl_ctx *cp = open_ctx(&port);
+    test_rmsnorm(cp, " (no fp64)", 8);
+    kvcl_close(cp);
+    test_rope(g_c);
+    test_pointwise(g_c);
+    test_all_finite(g_c);
+    test_attention(g_c);
+
+    kvcl_close(split);
+    kvcl_close(g_c);
+    kv_backend_cpu_free(&g_cpu);
+    kv_pool_destroy(g_pool);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_cache);
+    if (system(cmd) != 0) printf("could not remove %s\n", g_cache);
+    return kvt_finish();
+}
+#endif
