@@ -266,6 +266,14 @@ kv_status kv_session_restore(kv_model *m, const char *path, const uint8_t *key, 
 kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cache *cache, int min_ctx,
                                 kv_session **out, kv_error *e);
 
+/* Context shift: drops positions [keep, keep + drop) and moves the later
+ * ones down by drop, their keys re-rotated (RoPE) for the new positions;
+ * quantized pages are re-quantized. The result approximates a cold prefill
+ * of the shortened sequence (rotations in float), so a shifted session's
+ * pages are never shared through the prefix index. Fails without change
+ * when the cache has no room for the rewritten pages. */
+kv_status kv_session_shift(kv_session *s, int keep, int drop, kv_error *e);
+
 int kv_session_pos(const kv_session *s);
 int kv_session_ctx(const kv_session *s);
 const int32_t *kv_session_tokens(const kv_session *s); /* pos ids */

@@ -65,6 +65,8 @@ struct kv_session {
     kv_hash *chain;    /* (n_lp) chain hash of each full page held */
     int n_chain;       /* chain[0 .. n_chain) are valid (n_chain <= pos / pt) */
     bool holes;        /* pages the next eval needs may be missing (after rewind, failure) */
+    bool shifted;      /* its K/V were moved by a context shift: its pages are never sealed
+                          or matched against the prefix index (they are not a cold prefill's) */
     int32_t win_lo[KV_MAX_GROUPS]; /* window groups: pages below this were dropped */
     uint64_t reused;   /* tokens taken from the cache */
 

@@ -21,9 +21,11 @@
  */
 #include "model_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant.h"
 #include "types.h"
 
 /* ==== open, fork, close ======================================================= */
@@ -124,6 +126,7 @@ kv_status kv_session_fork(kv_session *s, kv_session **out, kv_error *e) {
     memcpy(f->chain, s->chain, (size_t)s->n_chain * sizeof *s->chain);
     f->n_chain = s->n_chain;
     f->holes = s->holes;
+    f->shifted = s->shifted;
     memcpy(f->win_lo, s->win_lo, sizeof f->win_lo);
     for (int g = 0; g < c->n_groups; g++)
         for (int i = 0; i < s->kv->n_lp; i++) {
@@ -194,7 +197,7 @@ static void drop_window_pages(kv_session *s) {
  * them (switching to an already sealed twin when there is one). */
 static void seal_full_pages(kv_session *s) {
     kv_cache *c = pool_of(s);
-    if (!c->prefix) return;
+    if (!c->prefix || s->shifted) return;
     for (int lp = s->n_chain; (lp + 1) * c->pt <= s->pos; lp++) {
         const kv_hash *prev = lp ? &s->chain[lp - 1] : &c->h0;
         kv_chain_hash(prev, s->tokens + (size_t)lp * c->pt, c->pt, &s->chain[lp]);
@@ -343,7 +346,7 @@ static kv_status reuse(kv_session *s, const int32_t *ids, int n, int max_take, i
     kv_cache *c = pool_of(s);
     *taken = 0;
     const int P = s->pos;
-    if (!c->prefix || max_take <= 0 || s->holes || P / c->pt > s->n_chain) return KV_OK;
+    if (!c->prefix || s->shifted || max_take <= 0 || s->holes || P / c->pt > s->n_chain) return KV_OK;
     memcpy(s->tokens + P, ids, (size_t)n * sizeof *ids);
     reuse_plan r = {.c = c, .own = s->kv, .own_chain = s->chain, .n_own_chain = s->n_chain, .j0 = P >> c->pt_log2};
     const kv_hash *prev = r.j0 ? &s->chain[r.j0 - 1] : &c->h0;
@@ -543,6 +546,109 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
         s->holes = true; /* pages before pos_before may have been swapped or dropped */
     }
     return st;
+}
+
+/* ==== context shift ============================================================== */
+
+/* K row of layer il rotated by RoPE for a position delta (negative: back). */
+static void rotate_k_row(const kv_layer *L, int type, int hd, uint8_t *row, const float *cs, float *tmp) {
+    kv_dequantize_row(type, row, tmp, hd);
+    const int half = L->rope.n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        const int a = L->rope.mode == KV_ROPE_NEOX ? i : 2 * i, b = L->rope.mode == KV_ROPE_NEOX ? i + half : 2 * i + 1;
+        const float x = tmp[a], y = tmp[b];
+        tmp[a] = x * cs[2 * i] - y * cs[2 * i + 1];
+        tmp[b] = x * cs[2 * i + 1] + y * cs[2 * i];
+    }
+    kv_quantize_row(type, tmp, row, hd);
+}
+
+/* cos/sin of the angle of each rotated pair for a position delta */
+static void shift_table(const kv_rope_params *rp, int delta, float *cs) {
+    const int half = rp->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double th = (double)delta * rp->freq_scale * pow((double)rp->freq_base, -2.0 * i / rp->n_rot);
+        if (rp->freq_factors) th /= rp->freq_factors[i];
+        cs[2 * i] = (float)cos(th), cs[2 * i + 1] = (float)sin(th);
+    }
+}
+
+kv_status kv_session_shift(kv_session *s, int keep, int drop, kv_error *e) {
+    if (!s) return kv_fail(e, KV_ERR_ARG, "shift: session is NULL");
+    if (keep < 0 || drop <= 0 || (int64_t)keep + drop > s->pos)
+        return kv_fail(e, KV_ERR_ARG, "shift: keep %d and drop %d do not fit in %d tokens", keep, drop, s->pos);
+    kv_status st = repair(s, e);
+    if (st) return st;
+    kv_cache *c = pool_of(s);
+    const kv_model *m = s->m;
+    const int pt = c->pt, new_pos = s->pos - drop, hd = c->head_dim, hdv = c->head_dim_v;
+    const int last = new_pos > 0 ? (new_pos - 1) >> c->pt_log2 : -1;
+    /* fresh pages: every page holding a moved position */
+    int need[KV_MAX_GROUPS] = {0};
+    for (int g = 0; g < c->n_groups; g++)
+        for (int lp = first_needed(c, g, new_pos); lp <= last; lp++)
+            if ((lp + 1) * pt > keep) need[g]++;
+    if ((st = kv_pool_reserve(c, need, e))) return st;
+    float *tmp = malloc(sizeof(float) * (size_t)(hd > hdv ? hd : hdv)), *cs = malloc(sizeof(float) * (size_t)hd);
+    int32_t *tab = malloc(sizeof(int32_t) * (size_t)s->kv->n_lp);
+    if (!tmp || !cs || !tab) {
+        free(tmp), free(cs), free(tab);
+        return kv_fail(e, KV_ERR_NOMEM, "shift: out of memory");
+    }
+    bool missing = false;
+    for (int g = 0; g < c->n_groups; g++) {
+        const kv_group *G = &c->groups[g];
+        const int32_t *old = s->kv->tab[g];
+        for (int lp = 0; lp < s->kv->n_lp; lp++) tab[lp] = -1;
+        for (int lp = first_needed(c, g, new_pos); lp <= last; lp++) {
+            if ((lp + 1) * pt <= keep) { /* nothing moves in this page */
+                tab[lp] = old[lp];
+                if (tab[lp] >= 0) kv_pool_ref(c, g, tab[lp]);
+                else missing = true;
+                continue;
+            }
+            int32_t id;
+            kv_pool_take(c, g, 1, &id, e); /* reserved above */
+            c->groups[g].pages[id].lp = lp;
+            bool ok = true;
+            for (int t = 0; t < pt && lp * pt + t < new_pos && ok; t++) {
+                const int p1 = lp * pt + t, p0 = p1 < keep ? p1 : p1 + drop; /* new and old position */
+                const int32_t src = old[p0 >> c->pt_log2];
+                if (src < 0) {
+                    ok = false;
+                    break;
+                }
+                for (int li = 0; li < G->n_layers; li++) {
+                    const int il = G->layer_ids[li];
+                    if (p1 >= keep) shift_table(&m->layers[il].rope, -drop, cs);
+                    for (int h = 0; h < c->n_kv; h++) {
+                        uint8_t *dk = kv_pool_row(c, g, id, li, h, t, false), *dv = kv_pool_row(c, g, id, li, h, t, true);
+                        memcpy(dk, kv_pool_row(c, g, src, li, h, p0 & (pt - 1), false), c->krows[il]);
+                        memcpy(dv, kv_pool_row(c, g, src, li, h, p0 & (pt - 1), true), c->vrows[il]);
+                        if (p1 >= keep) rotate_k_row(&m->layers[il], c->ktypes[il], hd, dk, cs, tmp);
+                    }
+                }
+            }
+            if (ok) {
+                tab[lp] = id;
+            } else {
+                kv_pool_unref(c, g, id);
+                missing = true;
+            }
+        }
+        for (int lp = 0; lp < s->kv->n_lp; lp++) {
+            if (s->kv->tab[g][lp] >= 0) kv_pool_unref(c, g, s->kv->tab[g][lp]);
+            s->kv->tab[g][lp] = tab[lp];
+        }
+        if (G->window > 0) s->win_lo[g] = first_needed(c, g, new_pos);
+    }
+    memmove(s->tokens + keep, s->tokens + keep + drop, sizeof(int32_t) * (size_t)(s->pos - keep - drop));
+    s->pos = new_pos;
+    s->shifted = true;
+    if (s->n_chain > keep / pt) s->n_chain = keep / pt;
+    s->holes = missing; /* what was already gone is recomputed by the next eval */
+    free(tmp), free(cs), free(tab);
+    return KV_OK;
 }
 
 /* ==== restored sessions ============================================================ */

@@ -779,6 +779,27 @@ static int l_session_fork(lua_State *L) {
     return 1;
 }
 
+/* s:shift{ keep = n_keep, drop = n } --> true | nil, err: drops positions
+ * [keep, keep + drop) and moves the rest down (keys re-rotated) */
+static int l_session_shift(lua_State *L) {
+    l_session *ls = l_session_check(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_Integer keep = l_opt_int(L, 2, "keep", 0), drop = l_opt_int(L, 2, "drop", 0);
+    lua_Integer pos = kv_session_pos(ls->s);
+    if (keep < 0 || drop <= 0 || keep > pos || drop > pos - keep)
+        luaL_error(L, "shift: need 0 <= keep and 0 < drop with keep + drop <= %I tokens (got keep %I, drop %I)", pos,
+                   keep, drop);
+    kv_error e = {{0}};
+    l_cache_before_eval(L, ls->lc);
+    kv_status st = kv_session_shift(ls->s, (int)keep, (int)drop, &e);
+    l_cache_after_eval(L, ls->lc);
+    if (st != KV_OK) return l_fail(L, e.msg);
+    lua_pushnil(L); /* the remembered logits belong to the old sequence */
+    lua_setiuservalue(L, 1, 2);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 /* The 'key' option: nil, or a string of exactly 32 bytes (raises otherwise). */
 static const uint8_t *l_opt_key(lua_State *L, int opts) {
     if (l_opt_field(L, opts, "key") == LUA_TNIL) {
@@ -855,6 +876,7 @@ static const luaL_Reg l_session_methods[] = {
     {"stats", l_session_stats},
     {"fork", l_session_fork},
     {"save", l_session_save},
+    {"shift", l_session_shift},
     {"close", l_session_gc},
     {NULL, NULL},
 };

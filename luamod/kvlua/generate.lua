@@ -18,6 +18,9 @@
 --   stop        array of strings; generation ends before any of them
 --   ignore_eog  keep going past end-of-generation tokens (default false)
 --   on_token    function(id) called for every generated id
+--   on_full     function(s) called when the context is full; it may make room
+--               (s:shift{ keep =, drop = } or s:rewind(n)) and generation goes
+--               on; if it makes none, generation ends with "length"
 --
 -- The iterator yields text pieces that are always whole UTF-8 characters
 -- and never part of a stop string. It ends on EOG, max_tokens, a stop
@@ -122,7 +125,17 @@ return function(s, opts)
       -- feed the token back for the next step (not after the last one)
       if produced < max_tokens then
         logits, err = s:decode(id)
-        if not logits then
+        if not logits and opts.on_full and s.pos >= s.ctx then
+          local ok, e2 = pcall(opts.on_full, s)
+          if not ok then
+            err = "on_full: " .. tostring(e2)
+          elseif s.pos >= s.ctx then
+            finish("length")
+          else
+            logits, err = s:decode(id)
+          end
+        end
+        if not logits and not done then
           finish("error: " .. err)
         end
       end
