@@ -206,3 +206,31 @@ describe("session files on SmolLM2", function()
     m:close()
   end)
 end)
+
+describe("scripts/prompt-cache.lua (separate processes)", function()
+  local S = require "spec.support.scripts"
+  it("saves a system prompt's cache once and answers from it in other processes, exactly and sooner", function()
+    if not models.path("smollm2") then return pending("smollm2 not available") end
+    local sys = os.tmpname()
+    write(sys, "You answer questions about mills. " .. ("The mill by the river ground grain for the town. "):rep(25))
+    local file = os.tmpname()
+    local r = S.run("prompt-cache.lua", { "--save", file, "--system-file", sys, "--json" })
+    S.assert_ok(r)
+    local saved = S.json_decode(r.out)
+    assert.is_true(saved.tokens > 200)
+    for _, q in ipairs { "What does the mill grind?", "Where is the mill?" } do
+      r = S.run("prompt-cache.lua", { "--load", file, "--system-file", sys, "--question", q, "--compare", "--json",
+        "--max-tokens", "12" })
+      S.assert_ok(r)
+      local got = S.json_decode(r.out)
+      assert.equals(saved.tokens, got.from_file)
+      assert.is_true(got.same_answer, "the restored session answers as a cold prefill does")
+      assert.is_true(got.prompt_tokens - got.from_file < 30)
+    end
+    r = S.run("prompt-cache.lua", { "--load", file .. ".missing", "--system-file", sys, "--question", "x" })
+    assert.is_not.equals(0, r.rc)
+    assert.matches("restore", r.err)
+    os.remove(sys)
+    os.remove(file)
+  end)
+end)
