@@ -86,9 +86,11 @@ describe("SmolLM2-135M-Instruct (Q4_1)", function()
 
   it("computes KV cache sizes with GQA", function()
     with_model("smollm2", function(m)
-      -- 2 (K,V) x 30 layers x 3 KV heads x 64 dims x 2 bytes per token
-      assert.equals(2 * 30 * 3 * 64 * 2 * 1000, m:kv_bytes { ctx = 1000 })
-      assert.equals(2 * 2 * 30 * 3 * 64 * 2 * 1000, m:kv_bytes { ctx = 1000, batch = 2 })
+      -- 2 (K,V) x 30 layers x 3 KV heads x 64 dims x 2 bytes per token,
+      -- in pages of 16 tokens (1000 -> 1008) unless page_tokens says otherwise
+      assert.equals(2 * 30 * 3 * 64 * 2 * 1008, m:kv_bytes { ctx = 1000 })
+      assert.equals(2 * 30 * 3 * 64 * 2 * 1000, m:kv_bytes { ctx = 1000, page_tokens = 8 })
+      assert.equals(2 * 2 * 30 * 3 * 64 * 2 * 1008, m:kv_bytes { ctx = 1000, batch = 2 })
       assert.has_error(function() m:kv_bytes { ktype = "f8" } end)
     end)
   end)

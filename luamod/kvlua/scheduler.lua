@@ -57,7 +57,12 @@ local M = {}
 function M.decode_step(sessions, ids)
   local logits, errors, seconds = {}, {}, 0
   if #sessions == 0 then return logits, errors, 0 end
-  local out = kvlua.decode_batch(sessions, ids)
+  local all_sessions = true -- (wrappers of sessions, as tests use, go one by one)
+  for _, s in ipairs(sessions) do
+    local mt = getmetatable(s)
+    all_sessions = all_sessions and type(mt) == "table" and mt.__name == "kvlua.Session"
+  end
+  local out = all_sessions and kvlua.decode_batch(sessions, ids)
   if out then
     local itl = sessions[1]:stats().itl
     return out, errors, itl[#itl]
