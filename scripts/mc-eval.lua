@@ -25,22 +25,18 @@
 -- comes from the context's last logits; the choice's last token is never fed
 -- (nothing after it is scored), so a one-token choice needs no fork at all.
 -- --no-cache scores every choice from scratch instead: a fresh session
--- without a cache prefills the context, then the choice. That is the
--- from-scratch scorer the saving is counted against:
+-- without a cache prefills the context and the choice in one call and reads
+-- every row. That is the scorer the saving is counted against:
 --   naive    = sum over choices of (context tokens + choice tokens - 1)
 --   computed = tokens the engine computed (s:stats(): prefill_tokens - reused_tokens)
 --   saved    = naive - computed
 --
 -- Determinism: the scores are the same bits with and without the cache, for
--- any --batch and shard. Both ways prefill the same pieces (a context, then
--- a choice at the context's end); a reused prefix ends on a page boundary
--- (16 tokens), and the engine's row arithmetic depends only on a token's
--- position relative to a multiple of 8 from the start of its call, never on
--- the other rows. (One case falls outside this: an item whose context
--- continues another item's context with that item's choice, past a page
--- boundary, reuses pages computed by the choice's call.)
+-- any --batch, thread count and shard: the engine computes a position's
+-- logits with the same arithmetic whatever the rows beside it, the split of
+-- the ids into calls and whether its prefix was reused or forked.
 --
--- Output: a summary on stderr (--json: one JSON object on stdout), and with
+-- Output: a summary on stdout (--json: as one JSON object), and with
 -- --out FILE one line per item in input order:
 --   {"id":, "answer":, "predicted":, "correct":, "predicted_norm":, "correct_norm":,
 --    "scores": [summed log-prob per choice], "scores_norm": [...], "tokens": [choice tokens]}
@@ -77,7 +73,7 @@ local json = require "kvlua.json"
 local jsonl = require "kvlua.jsonl"
 local progress = require "kvlua.progress"
 
-local PAGE_TOKENS = 16 -- a multiple of 8: reused prefixes end where the engine's row tiles do
+local PAGE_TOKENS = 16 -- the cache's page size (tokens)
 
 -- ==== summaries ==============================================================
 
@@ -117,7 +113,7 @@ if o.merge then
   if #o._ == 0 then common.die("--merge needs the per-item files of --out\n" .. usage) end
   local records = {}
   for _, path in ipairs(o._) do
-    local reader, err = jsonl.open(common.input_file(path))
+    local reader, err = jsonl.open(common.input_file(path)) -- (an empty shard's file is empty)
     if not reader then common.die("cannot read " .. err) end
     for line, rec, bad in reader:items() do
       if not rec then common.die(string.format("%s:%d: %s", path, line, bad)) end
@@ -136,26 +132,18 @@ if o.file == "" and o._[1] then o.file = o._[1] end
 if o.file == "" then common.die("missing --file ITEMS.jsonl\n" .. usage) end
 local batch = math.tointeger(o.batch)
 if not batch or batch < 1 then common.die("option --batch needs a positive integer") end
-local shard
-if o.shard ~= "" then
-  local err
-  shard, err = jsonl.parse_shard(o.shard)
-  if not shard then common.die(err) end
-end
-common.input_file(o.file, "--file ITEMS.jsonl")
+local shard = common.shard(o.shard)
 
 local function complain(line, msg)
   io.stderr:write(string.format("%s:%d: %s\n", o.file, line, msg))
 end
-local reader, err = jsonl.open(o.file, { shard = shard, on_error = complain })
-if not reader then common.die("cannot read " .. err) end
-if reader.lines == 0 then common.die(o.file .. ": the file is empty (one JSON object per line expected)") end
+local reader = common.jsonl_input(o.file, "--file ITEMS.jsonl", shard, complain)
 if reader:count_items() == 0 and not shard then
   common.die(o.file .. ": no items (only blank lines; one JSON object per line expected)")
 end
 
 local model = common.load(common.model_path(o.model), o.threads)
-local out
+local out, err
 if o.out ~= "" then
   out, err = io.open(o.out, "wb")
   if not out then common.die("cannot write " .. err) end
@@ -242,8 +230,7 @@ local function session_ctx(t)
   return #t.context + longest
 end
 
--- A session holding t's context (from the cache when given) and its last logits,
--- or nil, message.
+-- A session from the cache holding t's context, and its last logits; or nil, message.
 local function context_session(t, cache)
   local s, serr = model:session { ctx = session_ctx(t), cache = cache }
   if not s then return nil, serr end
@@ -261,15 +248,20 @@ local function naive_tokens(t)
   return n
 end
 
--- --no-cache: every choice in a fresh session of its own. Sets t.logprobs or t.error.
+-- --no-cache: every choice in a fresh session of its own, context and
+-- choice (but its last token) in one prefill. Sets t.logprobs or t.error.
 local function score_from_scratch(t)
   t.logprobs = {}
+  local n = #t.context
   for k, choice in ipairs(t.choices) do
-    local s, l = context_session(t, nil)
-    if not s then return fail(t, l) end
-    local lp, perr = choice_logprobs(l, s, choice)
+    local ids = table.move(choice, 1, #choice - 1, n + 1, table.move(t.context, 1, n, 1, {}))
+    local s, serr = model:session { ctx = session_ctx(t) }
+    if not s then return fail(t, serr) end
+    local l, perr = s:prefill(ids, { logits = "all" })
     retire(s)
-    if not lp then return fail(t, perr) end
+    if not l then return fail(t, perr) end
+    local lp = {}
+    for j = 1, #choice do lp[j] = l:logprob(choice[j], n + j - 1) end
     t.logprobs[k] = lp
   end
 end
