@@ -71,27 +71,16 @@ if o.file == "" then common.die("missing --file PROMPTS.jsonl\n" .. usage) end
 if o.json and o.output == "" then
   common.die("--json prints the summary on stdout: give --output PATH for the generations")
 end
-local shard
-if o.shard ~= "" then
-  local err
-  shard, err = jsonl.parse_shard(o.shard)
-  if not shard then common.die(err) end
-end
+local shard = common.shard(o.shard)
 local batch, chunk = positive_int("batch"), positive_int("prefill-chunk")
 if batch < 1 then common.die("option --batch needs at least 1") end
 local ctx = positive_int("ctx")
-common.input_file(o.file, "--file PROMPTS.jsonl")
-
-local reader, err = jsonl.open(o.file, {
-  shard = shard,
-  on_error = function(line, msg) io.stderr:write(string.format("%s:%d: %s\n", o.file, line, msg)) end,
-})
-if not reader then common.die("cannot read " .. err) end
-if reader.lines == 0 then common.die(o.file .. ": the file is empty (one JSON object per line expected)") end
+local reader = common.jsonl_input(o.file, "--file PROMPTS.jsonl", shard,
+  function(line, msg) io.stderr:write(string.format("%s:%d: %s\n", o.file, line, msg)) end)
 
 local model = common.load(common.model_path(o.model), o.threads)
 
-local out = io.stdout
+local out, err = io.stdout, nil
 if o.output ~= "" then
   out, err = io.open(o.output, "wb")
   if not out then common.die("cannot write " .. err) end

@@ -108,6 +108,25 @@ function M.input_file(path, what)
   return path
 end
 
+-- The --shard option: nil when not given, else {index =, count =}; exits
+-- with a message when malformed.
+function M.shard(s)
+  if s == nil or s == "" then return nil end
+  local shard, err = require("kvlua.jsonl").parse_shard(s)
+  if not shard then die(err) end
+  return shard
+end
+
+-- A JSONL input file: a kvlua.jsonl reader of the shard's lines, or exit
+-- with a message when the file is missing, unreadable or empty.
+function M.jsonl_input(path, what, shard, on_error)
+  M.input_file(path, what)
+  local reader, err = require("kvlua.jsonl").open(path, { shard = shard, on_error = on_error })
+  if not reader then die("cannot read " .. err) end
+  if reader.lines == 0 then die(path .. ": the file is empty (one JSON object per line expected)") end
+  return reader
+end
+
 -- Peak resident set size of this process in bytes (Linux), or nil.
 function M.peak_rss()
   local f = io.open("/proc/self/status")

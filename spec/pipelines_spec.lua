@@ -16,13 +16,7 @@ local models = require "spec.support.models"
 local S = require "spec.support.scripts"
 local files = require "spec.support.files"
 local write, read = files.write_temp, files.read
-local run, explain, assert_ok, json_decode = S.run, S.explain, S.assert_ok, S.json_decode
-
-local function jsonl_lines(text)
-  local t = {}
-  for line in text:gmatch("[^\n]+") do t[#t + 1] = json_decode(line) end
-  return t
-end
+local run, explain, assert_ok, json_decode, jsonl_lines = S.run, S.explain, S.assert_ok, S.json_decode, S.jsonl_lines
 
 local tiny_path, real_path
 setup(function()

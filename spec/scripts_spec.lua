@@ -1,6 +1,6 @@
 -- The runnable scripts, run as a user would (a separate lua5.4 process):
 --
---   lua5.4 scripts/generate.lua --prompt Hi --max-tokens 8 [--chat] [--stats]
+--   lua5.4 scripts/generate.lua --prompt Hi --max-tokens 8 [--chat] [--stats] [--json]
 --   lua5.4 scripts/chat.lua --prompt "Hi|||And?" --max-tokens 8 --stats
 --   lua5.4 scripts/bench.lua --reps 1 --prefill 16 --depth 8 --decode 4 --json
 --   lua5.4 scripts/perplexity.lua --file tests/data/public-domain.txt --ctx 128 --chunks 1 --json
@@ -73,6 +73,21 @@ describe("scripts/generate.lua", function()
       like("TTFT [%d.]+ ms", r.err, name)
       like("tok/s", r.err, name)
     end)
+  end)
+
+  it("--json prints one object: the text the streaming run prints, token counts, finish reason, timings", function()
+    local args = { "--model", tiny_path, "--max-tokens", "6", "--prompt", "Hi", "--temp", "0" }
+    local plain = run("generate.lua", args)
+    assert_ok(plain)
+    local r = run("generate.lua", with(args, { "--json" }))
+    assert_ok(r)
+    local j = json_decode(r.out)
+    -- a random model's bytes are often not UTF-8: JSON carries U+FFFD for those
+    if utf8.len(plain.out) then assert.equals(plain.out, "Hi" .. j.text .. "\n") end
+    assert.is_true(j.prompt_tokens > 0 and j.tokens >= 1 and j.tokens <= 6)
+    assert.truthy(({ eog = true, length = true })[j.finish_reason], j.finish_reason)
+    if j.finish_reason == "length" then assert.equals(6, j.tokens) end
+    assert.is_true(finite(j.ttft) and j.ttft > 0)
   end)
 
   it("a seed makes sampled text reproducible", function()

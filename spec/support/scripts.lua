@@ -3,7 +3,7 @@
 --
 --   local S = require "spec.support.scripts"
 --   local r = S.run("generate.lua", { "--max-tokens", "4" })  -- {out=, err=, rc=, cmd=}
---   S.assert_ok(r);  S.json_decode(r.out);  S.like(pattern, text, what)
+--   S.assert_ok(r);  S.json_decode(r.out);  S.jsonl_lines(r.out);  S.like(pattern, text, what)
 --
 -- The scripts find the module through KVLUA_BUILD (scripts/common.lua),
 -- passed on from the environment busted runs in. json_decode is written
@@ -121,6 +121,13 @@ function S.json_decode(s)
   ws()
   if pos <= #s then fail("trailing text") end
   return v
+end
+
+-- The values of a JSON Lines text, one per non-empty line.
+function S.jsonl_lines(text)
+  local t = {}
+  for line in text:gmatch("[^\n]+") do t[#t + 1] = S.json_decode(line) end
+  return t
 end
 
 -- assert that text matches a Lua pattern, saying what was checked

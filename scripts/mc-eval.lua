@@ -1,0 +1,395 @@
+#!/usr/bin/env lua5.4
+-- scripts/mc-eval.lua — multiple-choice accuracy by log-likelihood.
+--
+-- Each input line is one JSON object:
+--   {"id": "paris", "context": "Question: What is the capital of France?\nAnswer:",
+--    "choices": [" Berlin", " Paris", " Rome"], "answer": 1}
+-- "answer" is the 0-based index of the right choice; "id" is optional (the
+-- line number stands in). The context is tokenized with the model's
+-- special tokens (BOS where the model adds one), each choice WITHOUT them,
+-- and the choice's tokens are appended to the context's: the choice text is
+-- used as given, so write the space that separates it from the context
+-- into the choice (" Paris" after "Answer:"), as lm-evaluation-harness does.
+--
+-- A choice's score is the summed log-probability of its tokens given the
+-- context and the choice tokens before them; the length-normalised score
+-- divides it by the choice's token count. The prediction is the choice with
+-- the highest score (the first of equal ones); `accuracy` counts the summed
+-- scores' predictions, `accuracy_norm` the normalised ones'.
+--
+-- Sharing. The items of a batch (--batch N) are prefilled first, each in a
+-- session drawn from one kvlua.cache, so a context prefix that earlier items
+-- already computed (whole pages of it) is reused; then every choice is
+-- scored on a s:fork() of its item's session: the fork shares the context's
+-- pages and prefills only the choice. The first choice token's log-prob
+-- comes from the context's last logits; the choice's last token is never fed
+-- (nothing after it is scored), so a one-token choice needs no fork at all.
+-- --no-cache scores every choice from scratch instead: a fresh session
+-- without a cache prefills the context and the choice in one call and reads
+-- every row. That is the scorer the saving is counted against:
+--   naive    = sum over choices of (context tokens + choice tokens - 1)
+--   computed = tokens the engine computed (s:stats(): prefill_tokens - reused_tokens)
+--   saved    = naive - computed
+--
+-- Determinism: the scores are the same bits with and without the cache, for
+-- any --batch, thread count and shard: the engine computes a position's
+-- logits with the same arithmetic whatever the rows beside it, the split of
+-- the ids into calls and whether its prefix was reused or forked.
+--
+-- Output: a summary on stdout (--json: as one JSON object), and with
+-- --out FILE one line per item in input order:
+--   {"id":, "answer":, "predicted":, "correct":, "predicted_norm":, "correct_norm":,
+--    "scores": [summed log-prob per choice], "scores_norm": [...], "tokens": [choice tokens]}
+-- or {"id":, "line":, "error": "message"} for an item that could not be
+-- scored (malformed JSON, no choices, an answer out of range, a failing
+-- prefill); such items are reported on stderr with their line numbers and
+-- left out of the accuracy. --merge F1 F2 ... reads such files (the shards
+-- of a run, in any order) and prints the summary of the whole.
+--
+-- Exit status: 0 when every item was scored, 1 when some were skipped (or
+-- none could be), 2 when the run could not start (bad option, missing model
+-- or input, empty file).
+local usage = [[
+usage: lua5.4 scripts/mc-eval.lua --file ITEMS.jsonl [options]
+       lua5.4 scripts/mc-eval.lua --merge OUT1.jsonl OUT2.jsonl ... [--json]
+  --file PATH       items, one JSON object a line: {"context":, "choices": [...], "answer": 0-based index, "id":}
+  --model PATH      GGUF file (default: SmolLM2-135M-Instruct, fetched and cached)
+  --out PATH        per-item results (JSONL: id, scores, predicted, correct, ...)
+  --batch N         items whose contexts are in flight together (default 8)
+  --no-cache        score every choice from scratch (no shared cache, no forks): the same scores
+  --shard i/n       score only shard i of n (0-based, by line ranges; see README)
+  --threads N       CPU threads (default: physical cores)
+  --quiet           no progress on stderr
+  --json            print the summary as one JSON object on stdout
+  --merge           the arguments are per-item files of --out: print their summary
+]]
+local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
+local o = common.parse(arg, {
+  file = "", model = "", out = "", batch = 8, ["no-cache"] = false, shard = "", threads = 0,
+  quiet = false, json = false, merge = false,
+}, usage)
+
+local json = require "kvlua.json"
+local jsonl = require "kvlua.jsonl"
+local progress = require "kvlua.progress"
+
+local PAGE_TOKENS = 16 -- the cache's page size (tokens)
+
+-- ==== summaries ==============================================================
+
+local function fraction(n, d)
+  return d > 0 and n / d or json.null
+end
+
+-- The accuracy part of a summary, from per-item records (those of --out).
+local function tally(records)
+  local t = { total = 0, correct = 0, correct_norm = 0, skipped = 0 }
+  for _, r in ipairs(records) do
+    if r.error then
+      t.skipped = t.skipped + 1
+    else
+      t.total = t.total + 1
+      if r.correct then t.correct = t.correct + 1 end
+      if r.correct_norm then t.correct_norm = t.correct_norm + 1 end
+    end
+  end
+  t.accuracy, t.accuracy_norm = fraction(t.correct, t.total), fraction(t.correct_norm, t.total)
+  return t
+end
+
+local function accuracy_line(t)
+  local function pct(x) return x == json.null and "n/a" or string.format("%.1f%%", 100 * x) end
+  return string.format("accuracy %d/%d = %s (length-normalised %d/%d = %s)%s", t.correct, t.total,
+    pct(t.accuracy), t.correct_norm, t.total, pct(t.accuracy_norm),
+    t.skipped > 0 and string.format("; %d items skipped", t.skipped) or "")
+end
+
+local function report(summary, text)
+  if o.json then print(json.encode(summary)) else io.stdout:write(text, "\n") end
+end
+
+-- --merge: the summary of per-item files.
+if o.merge then
+  if #o._ == 0 then common.die("--merge needs the per-item files of --out\n" .. usage) end
+  local records = {}
+  for _, path in ipairs(o._) do
+    local reader, err = jsonl.open(common.input_file(path)) -- (an empty shard's file is empty)
+    if not reader then common.die("cannot read " .. err) end
+    for line, rec, bad in reader:items() do
+      if not rec then common.die(string.format("%s:%d: %s", path, line, bad)) end
+      records[#records + 1] = rec
+    end
+  end
+  local t = tally(records)
+  t.files = json.array(o._)
+  report(t, accuracy_line(t))
+  os.exit(t.total > 0 and 0 or 1)
+end
+
+-- ==== options ================================================================
+
+if o.file == "" and o._[1] then o.file = o._[1] end
+if o.file == "" then common.die("missing --file ITEMS.jsonl\n" .. usage) end
+local batch = math.tointeger(o.batch)
+if not batch or batch < 1 then common.die("option --batch needs a positive integer") end
+local shard = common.shard(o.shard)
+
+local function complain(line, msg)
+  io.stderr:write(string.format("%s:%d: %s\n", o.file, line, msg))
+end
+local reader = common.jsonl_input(o.file, "--file ITEMS.jsonl", shard, complain)
+if reader:count_items() == 0 and not shard then
+  common.die(o.file .. ": no items (only blank lines; one JSON object per line expected)")
+end
+
+local model = common.load(common.model_path(o.model), o.threads)
+local out, err
+if o.out ~= "" then
+  out, err = io.open(o.out, "wb")
+  if not out then common.die("cannot write " .. err) end
+end
+
+-- ==== items → tasks ==========================================================
+
+-- The task of a well-formed item: {line, id, context = ids, choices = {ids...}, answer = 1-based},
+-- or raises a message.
+local function task_of(line, item)
+  local id = item.id ~= nil and item.id ~= json.null and item.id or line
+  if type(item.context) ~= "string" then error('the item needs "context" (a string)', 0) end
+  local choices = item.choices
+  if type(choices) ~= "table" or not json.is_array(choices) or #choices == 0 then
+    error('the item needs "choices" (a non-empty array of strings)', 0)
+  end
+  local answer = item.answer
+  if math.type(answer) ~= "integer" or answer < 0 or answer >= #choices then
+    error(string.format('"answer" must be a 0-based index below %d (the number of choices), not %s',
+      #choices, json.encode(answer)), 0)
+  end
+  local t = { line = line, id = id, answer = answer + 1, choices = {},
+    context = model:tokenize(item.context, { add_special = true, parse_special = false }) }
+  if #t.context == 0 then error("the context has no tokens", 0) end
+  for k, c in ipairs(choices) do
+    if type(c) ~= "string" then error(string.format("choice %d is not a string", k - 1), 0) end
+    t.choices[k] = model:tokenize(c, { add_special = false, parse_special = false })
+    if #t.choices[k] == 0 then error(string.format("choice %d has no tokens", k - 1), 0) end
+  end
+  return t
+end
+
+-- Every line of the shard, in order: tasks, or {line =, id =, error =}.
+local function read_tasks()
+  local tasks = {}
+  for line, item, bad in reader:items() do
+    local ok, t = true, nil
+    if item then ok, t = pcall(task_of, line, item) end
+    if not item or not ok then
+      local msg = item and tostring(t) or bad
+      if item then complain(line, msg) end -- (the reader reported malformed lines)
+      t = { line = line, id = item and item.id ~= json.null and item.id or line, error = msg }
+    end
+    tasks[#tasks + 1] = t
+  end
+  return tasks
+end
+
+-- ==== scoring ================================================================
+
+local counts = { naive = 0, computed = 0, reused = 0, seconds = 0 }
+
+-- A task that failed while scoring (a prefill or fork that failed): reported, skipped.
+local function fail(t, msg)
+  t.error = tostring(msg)
+  complain(t.line, t.error)
+end
+
+-- Adds a session's prefill work to the counts and closes it.
+local function retire(s)
+  local st = s:stats()
+  counts.computed = counts.computed + st.prefill_tokens - st.reused_tokens
+  counts.reused = counts.reused + st.reused_tokens
+  counts.seconds = counts.seconds + st.prefill_seconds
+  s:close()
+end
+
+-- Log-probs of a choice's tokens: the first from the context's last logits,
+-- the others from prefilling the choice (but its last token) into s, which
+-- holds the context. Returns the array, or nil, message.
+local function choice_logprobs(ctx_logits, s, choice)
+  local lp = { ctx_logits:logprob(choice[1]) }
+  if #choice > 1 then
+    local l, perr = s:prefill(table.move(choice, 1, #choice - 1, 1, {}), { logits = "all" })
+    if not l then return nil, perr end
+    for j = 2, #choice do lp[j] = l:logprob(choice[j], j - 1) end
+  end
+  return lp
+end
+
+local function session_ctx(t)
+  local longest = 0
+  for _, c in ipairs(t.choices) do longest = math.max(longest, #c) end
+  return #t.context + longest
+end
+
+-- A session from the cache holding t's context, and its last logits; or nil, message.
+local function context_session(t, cache)
+  local s, serr = model:session { ctx = session_ctx(t), cache = cache }
+  if not s then return nil, serr end
+  local l, perr = s:prefill(t.context)
+  if not l then
+    retire(s)
+    return nil, perr
+  end
+  return s, l
+end
+
+local function naive_tokens(t)
+  local n = 0
+  for _, c in ipairs(t.choices) do n = n + #t.context + #c - 1 end
+  return n
+end
+
+-- --no-cache: every choice in a fresh session of its own, context and
+-- choice (but its last token) in one prefill. Sets t.logprobs or t.error.
+local function score_from_scratch(t)
+  t.logprobs = {}
+  local n = #t.context
+  for k, choice in ipairs(t.choices) do
+    local ids = table.move(choice, 1, #choice - 1, n + 1, table.move(t.context, 1, n, 1, {}))
+    local s, serr = model:session { ctx = session_ctx(t) }
+    if not s then return fail(t, serr) end
+    local l, perr = s:prefill(ids, { logits = "all" })
+    retire(s)
+    if not l then return fail(t, perr) end
+    local lp = {}
+    for j = 1, #choice do lp[j] = l:logprob(choice[j], n + j - 1) end
+    t.logprobs[k] = lp
+  end
+end
+
+-- The batch's contexts prefilled from the cache, then each choice on a fork.
+local function score_shared(tasks, cache)
+  local held = {}
+  for i, t in ipairs(tasks) do
+    local s, l = context_session(t, cache)
+    if s then held[i] = { s = s, l = l } else fail(t, l) end
+  end
+  for i, t in ipairs(tasks) do
+    local h = held[i]
+    if h then
+      t.logprobs = {}
+      for k, choice in ipairs(t.choices) do
+        local lp, perr
+        if #choice == 1 then
+          lp = choice_logprobs(h.l, h.s, choice)
+        else
+          local f, ferr = h.s:fork()
+          if f then
+            lp, perr = choice_logprobs(h.l, f, choice)
+            retire(f)
+          else
+            perr = ferr
+          end
+        end
+        if not lp then fail(t, perr); break end
+        t.logprobs[k] = lp
+      end
+      retire(h.s)
+    end
+  end
+end
+
+-- Pages one item holds at most: its context, and one fork's choice.
+local function item_pages(t)
+  local n = #t.context
+  return (n + PAGE_TOKENS - 1) // PAGE_TOKENS + (session_ctx(t) + PAGE_TOKENS - 1) // PAGE_TOKENS - n // PAGE_TOKENS
+end
+
+-- A cache for batches of these tasks: twice what the largest batch holds,
+-- so the pages of earlier items stay at hand for reuse.
+local function make_cache(tasks)
+  local widest = 1
+  for i = 1, #tasks, batch do
+    local need = 0
+    for j = i, math.min(i + batch - 1, #tasks) do
+      if not tasks[j].error then need = need + item_pages(tasks[j]) end
+    end
+    widest = math.max(widest, need)
+  end
+  local kvlua = require "kvlua"
+  local cache, cerr = kvlua.cache(model, { pages = 2 * widest, page_tokens = PAGE_TOKENS })
+  if not cache then common.die("kvlua.cache: " .. cerr) end
+  return cache
+end
+
+-- ==== results ================================================================
+
+local function argmax(xs)
+  local best = 1
+  for k = 2, #xs do if xs[k] > xs[best] then best = k end end
+  return best
+end
+
+-- The output record of a scored (or failed) task.
+local function record(t)
+  if t.error then return { id = t.id, line = t.line, error = t.error } end
+  local scores, norm, tokens = {}, {}, {}
+  for k, lp in ipairs(t.logprobs) do
+    local sum = 0
+    for _, x in ipairs(lp) do sum = sum + x end
+    scores[k], norm[k], tokens[k] = sum, sum / #lp, #lp
+  end
+  local p, pn = argmax(scores), argmax(norm)
+  return { id = t.id, answer = t.answer - 1, predicted = p - 1, correct = p == t.answer,
+    predicted_norm = pn - 1, correct_norm = pn == t.answer,
+    scores = json.array(scores), scores_norm = json.array(norm), tokens = json.array(tokens) }
+end
+
+-- ==== the run ================================================================
+
+local tasks = read_tasks()
+local cache = not o["no-cache"] and make_cache(tasks) or nil
+local bar = progress.new { total = #tasks, label = "items", mode = o.quiet and "off" or nil }
+local records = {}
+for i = 1, #tasks, batch do
+  local group = {}
+  for j = i, math.min(i + batch - 1, #tasks) do
+    local t = tasks[j]
+    if not t.error then
+      counts.naive = counts.naive + naive_tokens(t)
+      group[#group + 1] = t
+    end
+  end
+  if cache then
+    score_shared(group, cache)
+  else
+    for _, t in ipairs(group) do score_from_scratch(t) end
+  end
+  for j = i, math.min(i + batch - 1, #tasks) do
+    local t = tasks[j]
+    records[j] = record(t)
+    if out then jsonl.write(out, records[j]) end
+  end
+  bar:update(#records)
+end
+if out then out:close() end
+
+local summary = tally(records)
+local saved = counts.naive - counts.computed
+summary.prefill_tokens = { naive = counts.naive, computed = counts.computed, reused = counts.reused,
+  saved = saved, saved_fraction = fraction(saved, counts.naive) }
+summary.file = o.file
+summary.shard = shard and (shard.index .. "/" .. shard.count) or json.null
+summary.lines = { first = reader.first, last = math.max(reader.first - 1, reader.last) }
+summary.batch, summary.cache = batch, cache ~= nil
+summary.seconds = counts.seconds
+summary.model, summary.threads = model.info.name, model.info.threads
+bar:finish(nil)
+if #tasks == 0 then
+  io.stderr:write(string.format("%s: shard %s has no items (lines %d..%d)\n", o.file, o.shard, reader.first, reader.last))
+end
+report(summary, string.format("%s\nprefill tokens: %d computed, %d for a from-scratch scorer: %d saved (%s)"
+  .. "; %d reused from the cache; %.2f s of engine time", accuracy_line(summary), counts.computed,
+  counts.naive, saved, counts.naive > 0 and string.format("%.1f%%", 100 * saved / counts.naive) or "n/a",
+  counts.reused, counts.seconds))
+if summary.skipped > 0 or (summary.total == 0 and #tasks > 0) then os.exit(1) end
+os.exit(0)
