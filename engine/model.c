@@ -129,6 +129,9 @@ static kv_status read_hparams(loader *L, kv_arch arch, hparams *h) {
     if ((st = get_u32(L, "feed_forward_length", &h->n_ff, true))) return st;
     if ((st = get_u32(L, "attention.head_count", &h->n_head, true))) return st;
     if ((st = get_u32(L, "context_length", &h->n_ctx_train, true))) return st;
+    if (h->n_ctx_train == 0)
+        return kv_fail(L->e, KV_ERR_FORMAT, "%s.context_length is 0 (the model's context must be positive)",
+                       L->arch);
     if (h->n_layer == 0 || h->n_layer > 4096 || h->n_embd == 0 || h->n_embd > (1u << 20) ||
         h->n_ff == 0 || h->n_ff > (1u << 22) || h->n_head == 0 || h->n_head > 4096)
         return kv_fail(L->e, KV_ERR_FORMAT,
@@ -353,15 +356,21 @@ kv_status kv_model_open(const char *path, const kv_model_params *p, kv_model **o
                                      : 1.0f / sqrtf((float)h.head_dim);
         m->kq_scale = 1.0f;
     }
-    if (m->vocab && kv_vocab_n(m->vocab) > in->n_vocab) {
-        st = kv_fail(e, KV_ERR_FORMAT, "vocabulary has %d tokens but token_embd.weight only %d rows",
+    /* every row of token_embd is a token id the model can produce: the
+     * vocabulary must name each one (llama.cpp requires the same shape) */
+    if (m->vocab && kv_vocab_n(m->vocab) != in->n_vocab) {
+        st = kv_fail(e, KV_ERR_FORMAT, "vocabulary has %d tokens but token_embd.weight has %d rows",
                      kv_vocab_n(m->vocab), in->n_vocab);
         goto fail;
     }
 
     /* threads and backend */
+    if (p && p->threads > KV_MAX_THREADS) {
+        st = kv_fail(e, KV_ERR_ARG, "model: %d threads asked, at most %d", p->threads, KV_MAX_THREADS);
+        goto fail;
+    }
     int threads = p && p->threads > 0 ? p->threads : kv_physical_cores();
-    if (threads > 256) threads = 256;
+    if (threads > KV_MAX_THREADS) threads = KV_MAX_THREADS;
     in->threads = threads;
     if ((st = kv_pool_create(threads, &m->pool, e))) goto fail;
     if ((st = kv_backend_cpu_init(&m->be, m->pool, e))) goto fail;
@@ -391,13 +400,21 @@ const kv_vocab *kv_model_vocab(const kv_model *m) { return m->vocab; }
 uint64_t kv_model_kv_bytes(const kv_model *m, int64_t n_ctx, int ktype, int vtype) {
     if (!m || !m->layers || n_ctx <= 0) return 0;
     const kv_model_info *in = &m->info;
-    uint64_t row = kv_row_size(ktype, in->head_dim) + kv_row_size(vtype, in->head_dim_v), total = 0;
+    /* per token and layer: at most 4096 heads x 2 rows of 4096 f32, < 2^36 */
+    uint64_t per_token = (uint64_t)in->n_head_kv * (kv_row_size(ktype, in->head_dim) + kv_row_size(vtype, in->head_dim_v));
+    uint64_t total = 0;
     for (int il = 0; il < in->n_layer; il++) {
         int64_t w = m->layers[il].window;
-        int64_t n = w > 0 && w < n_ctx ? w : n_ctx;
-        total += (uint64_t)n * in->n_head_kv * row;
+        uint64_t n = (uint64_t)(w > 0 && w < n_ctx ? w : n_ctx);
+        if (per_token && n > (UINT64_MAX - total) / per_token) return UINT64_MAX;
+        total += n * per_token;
     }
     return total;
+}
+
+kv_status kv_model_check_file(const kv_model *m, kv_error *e) {
+    if (!m) return kv_fail(e, KV_ERR_ARG, "model is NULL");
+    return kv_gguf_check_file(m->g, e);
 }
 
 /* ==== sessions ================================================================= */
