@@ -57,6 +57,7 @@ typedef struct {
     size_t budget;      /* a small multiple of the image size */
     void *map;          /* mmap base, or NULL for kv_gguf_parse */
     size_t map_len;
+    int fd;             /* the mapped file, kept open for kv_gguf_check_file; -1: none */
     uint32_t *kv_hash;  /* (kv_cap) index + 1 into g->kv, 0 = empty */
     uint64_t kv_cap;
     uint32_t *t_hash;   /* (t_cap) index + 1 into g->tensors, 0 = empty */
@@ -84,6 +85,7 @@ static void impl_free(gguf_impl *im) {
         b = next;
     }
     if (im->map) munmap(im->map, im->map_len);
+    if (im->fd >= 0) close(im->fd);
     free(im);
 }
 
@@ -572,17 +574,20 @@ static kv_status parse(kv_gguf *g, kv_error *e) {
 
 /* ==== open / parse / close ================================================ */
 
-static kv_status start(const void *buf, size_t len, void *map, kv_gguf **out, kv_error *e) {
+/* Takes ownership of map and fd (-1: none), also on failure. */
+static kv_status start(const void *buf, size_t len, void *map, int fd, kv_gguf **out, kv_error *e) {
     kv_gguf *g = calloc(1, sizeof *g);
     gguf_impl *im = calloc(1, sizeof *im);
     if (!g || !im) {
         free(g);
         free(im);
         if (map) munmap(map, len);
+        if (fd >= 0) close(fd);
         return kv_fail(e, KV_ERR_NOMEM, "gguf: out of memory");
     }
     im->map = map;
     im->map_len = len;
+    im->fd = fd;
     /* 16x the image plus some slack: the table at the top bounds the real need well below */
     im->budget = len > (SIZE_MAX - (1u << 20)) / 16 ? SIZE_MAX : len * 16 + (1u << 20);
     g->impl = im;
@@ -602,14 +607,16 @@ kv_status kv_gguf_parse(const void *buf, size_t len, kv_gguf **out, kv_error *e)
     *out = NULL;
     if (!buf && len) return kv_fail(e, KV_ERR_ARG, "gguf: buffer is NULL");
     static const uint8_t empty[1];
-    return start(buf ? buf : empty, len, NULL, out, e);
+    return start(buf ? buf : empty, len, NULL, -1, out, e);
 }
 
 kv_status kv_gguf_open(const char *path, kv_gguf **out, kv_error *e) {
     if (!out) return kv_fail(e, KV_ERR_ARG, "gguf: out is NULL");
     *out = NULL;
     if (!path) return kv_fail(e, KV_ERR_ARG, "gguf: path is NULL");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused
+     * below like every other file that is not a regular one */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return kv_fail(e, KV_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -631,10 +638,12 @@ kv_status kv_gguf_open(const char *path, kv_gguf **out, kv_error *e) {
     }
     size_t len = (size_t)st.st_size;
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    close(fd);
-    if (map == MAP_FAILED) return kv_fail(e, KV_ERR_IO, "gguf: cannot map '%s': %s", path, strerror(err));
-    kv_status s = start(map, len, map, out, e);
+    if (map == MAP_FAILED) {
+        int err = errno;
+        close(fd);
+        return kv_fail(e, KV_ERR_IO, "gguf: cannot map '%s': %s", path, strerror(err));
+    }
+    kv_status s = start(map, len, map, fd, out, e);
     if (s != KV_OK && e) {
         /* prefix the path: "gguf: file.gguf: ..." reads better from Lua */
         char msg[2 * KV_ERROR_MAX + 16];
@@ -653,6 +662,18 @@ void kv_gguf_close(kv_gguf *g) {
     if (!g) return;
     if (g->impl) impl_free(g->impl);
     free(g);
+}
+
+kv_status kv_gguf_check_file(const kv_gguf *g, kv_error *e) {
+    const gguf_impl *im = g ? g->impl : NULL;
+    if (!im || im->fd < 0) return KV_OK;
+    struct stat st;
+    if (fstat(im->fd, &st) != 0) return kv_fail(e, KV_ERR_IO, "gguf: cannot stat the model file: %s", strerror(errno));
+    if ((uint64_t)st.st_size < (uint64_t)im->map_len)
+        return kv_fail(e, KV_ERR_IO,
+                       "model file changed on disk: %llu bytes at load, %llu now (truncated); load it again",
+                       (unsigned long long)im->map_len, (unsigned long long)st.st_size);
+    return KV_OK;
 }
 
 /* ==== typed getters ======================================================== */

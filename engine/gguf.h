@@ -92,14 +92,20 @@ struct kv_gguf {
     void *impl;           /* owned allocations, mapping, lookup tables */
 };
 
-/* Opens and memory-maps a file. On failure *out is NULL and e says what and
- * where (byte offset, key or tensor name). */
+/* Opens and memory-maps a regular file (anything else, a FIFO or a
+ * directory, is KV_ERR_IO at once, without blocking). On failure *out is
+ * NULL and e says what and where (byte offset, key or tensor name). */
 kv_status kv_gguf_open(const char *path, kv_gguf **out, kv_error *e);
 
 /* Parses a GGUF image in memory; buf must outlive the result (no copy). */
 kv_status kv_gguf_parse(const void *buf, size_t len, kv_gguf **out, kv_error *e);
 
 void kv_gguf_close(kv_gguf *g); /* NULL is fine */
+
+/* For an opened file (kv_gguf_open keeps its descriptor): KV_ERR_IO when
+ * the file on disk is now shorter than the mapping, whose pages past the
+ * new end would fault on access. KV_OK for a parsed buffer. */
+kv_status kv_gguf_check_file(const kv_gguf *g, kv_error *e);
 
 /* Lookups (hashed; NULL when absent). */
 const kv_gguf_value *kv_gguf_get(const kv_gguf *g, const char *key);

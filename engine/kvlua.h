@@ -46,8 +46,10 @@ typedef struct kv_cache kv_cache;
 
 /* ==== models =========================================================== */
 
+#define KV_MAX_THREADS 256
+
 typedef struct {
-    int threads; /* CPU threads; <= 0: physical cores */
+    int threads; /* CPU threads, at most KV_MAX_THREADS (more: KV_ERR_ARG); <= 0: physical cores */
 } kv_model_params;
 
 typedef struct {
@@ -69,7 +71,8 @@ const kv_model_info *kv_model_info_get(const kv_model *m);
 const kv_gguf *kv_model_gguf(const kv_model *m);
 const kv_vocab *kv_model_vocab(const kv_model *m); /* NULL if the file has no tokenizer */
 /* Bytes a KV cache of n_ctx tokens needs, with K and V stored as ktype /
- * vtype (ggml type ids), sliding-window layers counted at their window. */
+ * vtype (ggml type ids), sliding-window layers counted at their window.
+ * Saturates at UINT64_MAX instead of wrapping. */
 uint64_t kv_model_kv_bytes(const kv_model *m, int64_t n_ctx, int ktype, int vtype);
 /* The same for pages of pt positions: what a session holding n_ctx
  * positions references (page-rounded; a window layer keeps the pages that
@@ -80,6 +83,12 @@ uint64_t kv_model_kv_bytes_layers(const kv_model *m, int64_t n_ctx, const int *k
 /* BLAKE2b fingerprint of the model file (computed on first use: what cache
  * pages are named after), and the seconds that took. */
 kv_status kv_model_fingerprint(kv_model *m, uint8_t out[32], double *seconds, kv_error *e);
+/* The weights are memory-mapped: a file truncated on disk after loading
+ * would fault (SIGBUS) on the next read of a lost page. KV_ERR_IO, naming
+ * both sizes, when the file is now shorter than at load; a cheap fstat,
+ * meant to run before each evaluation. (It cannot see a file rewritten in
+ * place at the same size, nor a truncation racing the evaluation.) */
+kv_status kv_model_check_file(const kv_model *m, kv_error *e);
 
 /* ==== vocabulary ===================================================== */
 

@@ -130,6 +130,9 @@ static kv_status read_hparams(loader *L, kv_arch arch, hparams *h) {
     if ((st = get_u32(L, "feed_forward_length", &h->n_ff, true))) return st;
     if ((st = get_u32(L, "attention.head_count", &h->n_head, true))) return st;
     if ((st = get_u32(L, "context_length", &h->n_ctx_train, true))) return st;
+    if (h->n_ctx_train == 0)
+        return kv_fail(L->e, KV_ERR_FORMAT, "%s.context_length is 0 (the model's context must be positive)",
+                       L->arch);
     if (h->n_layer == 0 || h->n_layer > 4096 || h->n_embd == 0 || h->n_embd > (1u << 20) ||
         h->n_ff == 0 || h->n_ff > (1u << 22) || h->n_head == 0 || h->n_head > 4096)
         return kv_fail(L->e, KV_ERR_FORMAT,
@@ -354,15 +357,21 @@ kv_status kv_model_open(const char *path, const kv_model_params *p, kv_model **o
                                      : 1.0f / sqrtf((float)h.head_dim);
         m->kq_scale = 1.0f;
     }
-    if (m->vocab && kv_vocab_n(m->vocab) > in->n_vocab) {
-        st = kv_fail(e, KV_ERR_FORMAT, "vocabulary has %d tokens but token_embd.weight only %d rows",
+    /* every row of token_embd is a token id the model can produce: the
+     * vocabulary must name each one (llama.cpp requires the same shape) */
+    if (m->vocab && kv_vocab_n(m->vocab) != in->n_vocab) {
+        st = kv_fail(e, KV_ERR_FORMAT, "vocabulary has %d tokens but token_embd.weight has %d rows",
                      kv_vocab_n(m->vocab), in->n_vocab);
         goto fail;
     }
 
     /* threads and backend */
+    if (p && p->threads > KV_MAX_THREADS) {
+        st = kv_fail(e, KV_ERR_ARG, "model: %d threads asked, at most %d", p->threads, KV_MAX_THREADS);
+        goto fail;
+    }
     int threads = p && p->threads > 0 ? p->threads : kv_physical_cores();
-    if (threads > 256) threads = 256;
+    if (threads > KV_MAX_THREADS) threads = KV_MAX_THREADS;
     in->threads = threads;
     if ((st = kv_pool_create(threads, &m->pool, e))) goto fail;
     if ((st = kv_backend_cpu_init(&m->be, m->pool, e))) goto fail;
@@ -415,8 +424,10 @@ uint64_t kv_model_kv_bytes_layers(const kv_model *m, int64_t n_ctx, const int *k
     uint64_t total = 0;
     for (int il = 0; il < in->n_layer; il++) {
         uint64_t row = kv_row_size(ktypes[il], in->head_dim) + kv_row_size(vtypes[il], in->head_dim_v);
-        uint64_t rows = layer_pages(n_ctx, m->layers[il].window, pt) * (uint64_t)pt * (uint64_t)in->n_head_kv;
-        if (row && rows > (UINT64_MAX - total) / row) return UINT64_MAX; /* saturate */
+        uint64_t pages = layer_pages(n_ctx, m->layers[il].window, pt);
+        if (pages > UINT64_MAX / (uint64_t)pt / (uint64_t)in->n_head_kv) return UINT64_MAX; /* saturate */
+        uint64_t rows = pages * (uint64_t)pt * (uint64_t)in->n_head_kv;
+        if (row && rows > (UINT64_MAX - total) / row) return UINT64_MAX;
         total += rows * row;
     }
     return total;
@@ -424,6 +435,11 @@ uint64_t kv_model_kv_bytes_layers(const kv_model *m, int64_t n_ctx, const int *k
 
 uint64_t kv_model_kv_bytes(const kv_model *m, int64_t n_ctx, int ktype, int vtype) {
     return kv_model_kv_bytes_paged(m, n_ctx, ktype, vtype, 16);
+}
+
+kv_status kv_model_check_file(const kv_model *m, kv_error *e) {
+    if (!m) return kv_fail(e, KV_ERR_ARG, "model is NULL");
+    return kv_gguf_check_file(m->g, e);
 }
 
 int kv_model_layer_window(const kv_model *m, int il) { return m->layers[il].window; }

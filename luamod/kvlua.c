@@ -15,11 +15,24 @@
  * exists, so a Lua error mid-way leaves nothing half-built. A session keeps
  * its model's userdata alive (user value 1), and the model's engine object
  * is freed only when it is closed and no open session uses it, whichever
- * of model:close(), __gc and session closing happens last. A Cache
- * (l_cache.c) counts as such a user too; a session drawing from a Cache
- * keeps it alive (user value 4).
+ * of model:close(), __gc and session closing happens last. A session stays
+ * fully usable after model:close() (prefill, decode, generate); the closed
+ * model itself raises on every use. A Cache (l_cache.c) counts as a user
+ * of its model too; a session drawing from a Cache keeps it alive (user
+ * value 5).
+ *
+ * Re-entry: any allocation inside a method may run a finalizer, and any
+ * read of a user's table may run a metamethod; either may close the object
+ * the method is using. So every method that holds an engine pointer across
+ * a call into Lua marks its object busy for the length of the call
+ * (l_busy: a guard kept as a user value, made to-be-closed on the method's
+ * stack, so an error unwinds it too). close() and <close> on a busy object
+ * only mark it closed; its engine objects are freed when the last busy
+ * call returns. __gc frees at once: an unreachable object has no call in
+ * progress (a call keeps its object on a live stack).
  */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +47,7 @@
 #include "kvlua.h"
 #include "l_cache.h"
 #include "l_logits.h"
+#include "l_obj.h"
 #include "types.h"
 
 #define L_MODEL "kvlua.Model"
@@ -83,11 +97,21 @@ static const char *l_opt_str(lua_State *L, int opts, const char *k, const char *
     int t = l_opt_field(L, opts, k);
     const char *v = def;
     if (t != LUA_TNIL) {
+        size_t len;
         if (t != LUA_TSTRING) luaL_error(L, "option '%s' must be a string", k);
-        v = lua_tostring(L, -1); /* still referenced by the options table */
+        v = lua_tolstring(L, -1, &len);
+        if (strlen(v) != len) luaL_error(L, "option '%s' contains a NUL byte", k);
     }
-    lua_pop(L, 1);
-    return v;
+    return v; /* the value stays on the stack: an __index metamethod may have made it */
+}
+
+/* A string argument handed to C as a C string: an embedded NUL would cut
+ * it silently, so it is refused. */
+static const char *l_check_cstr(lua_State *L, int arg) {
+    size_t len;
+    const char *s = luaL_checklstring(L, arg, &len);
+    if (strlen(s) != len) luaL_argerror(L, arg, "contains a NUL byte");
+    return s;
 }
 
 static int l_fail(lua_State *L, const char *msg) {
@@ -96,25 +120,30 @@ static int l_fail(lua_State *L, const char *msg) {
     return 2;
 }
 
-/* Reads an array of token ids at idx into a buffer owned by Lua (a
- * userdata pushed on the stack, so nothing leaks if anything raises).
- * Raises on a non-integer or out-of-range id (n_vocab < 0: no range check). */
-static int32_t *l_check_ids(lua_State *L, int idx, int32_t n_vocab, size_t *n_out) {
+/* Length of the array of token ids at idx (raises on a bad one). */
+static size_t l_ids_len(lua_State *L, int idx) {
     luaL_checktype(L, idx, LUA_TTABLE);
     lua_Integer n = luaL_len(L, idx);
-    if (n < 0 || (lua_Unsigned)n > (1u << 30)) luaL_argerror(L, idx, "bad length");
-    int32_t *ids = lua_newuserdatauv(L, sizeof(int32_t) * (size_t)(n ? n : 1), 0);
-    for (lua_Integer i = 1; i <= n; i++) {
+    if (n < 0 || n > (1 << 30)) luaL_argerror(L, idx, lua_pushfstring(L, "bad length %I", (LUAI_UACINT)n));
+    return (size_t)n;
+}
+
+/* Reads the n token ids of the array at idx into a buffer owned by Lua (a
+ * userdata pushed on the stack, so nothing leaks if anything raises).
+ * Raises on a non-integer or out-of-range id (n_vocab < 0: no range check). */
+static int32_t *l_check_ids(lua_State *L, int idx, size_t n, int32_t n_vocab) {
+    int32_t *ids = lua_newuserdatauv(L, sizeof(int32_t) * (n ? n : 1), 0);
+    for (lua_Integer i = 1; i <= (lua_Integer)n; i++) {
         lua_geti(L, idx, i);
         int ok = 0;
         lua_Integer v = lua_tointegerx(L, -1, &ok);
         lua_pop(L, 1);
-        if (!ok) luaL_error(L, "token id at index %d is not an integer", (int)i);
+        if (!ok) luaL_error(L, "token id at index %I is not an integer", (LUAI_UACINT)i);
         if (v < 0 || (n_vocab >= 0 && v >= n_vocab))
-            luaL_error(L, "token id %d at index %d out of range [0, %d)", (int)v, (int)i, (int)n_vocab);
+            luaL_error(L, "token id %I at index %I out of range [0, %d)", (LUAI_UACINT)v, (LUAI_UACINT)i,
+                       (int)n_vocab);
         ids[i - 1] = (int32_t)v;
     }
-    *n_out = (size_t)n;
     return ids;
 }
 
@@ -175,16 +204,65 @@ static void l_push_gguf_value(lua_State *L, const kv_gguf_value *v, int depth) {
     }
 }
 
+/* ==== busy objects ======================================================== */
+
+/* What a Model and a Session share: the closed flag and the busy count
+ * (see "Re-entry" at the top), and the function that frees the engine
+ * objects once the object is closed and idle (idempotent). */
+/* The guard of an object: a small userdata pointing back at it, whose
+ * __close ends one busy call. Created with the object (user value slot). */
+void l_guard_new(lua_State *L, l_obj *o, int owner, int slot) {
+    owner = lua_absindex(L, owner);
+    l_obj **g = lua_newuserdatauv(L, sizeof *g, 0);
+    *g = o;
+    luaL_setmetatable(L, L_GUARD);
+    lua_setiuservalue(L, owner, slot);
+}
+
+static int l_guard_close(lua_State *L) {
+    l_obj *o = *(l_obj **)lua_touserdata(L, 1);
+    o->busy--;
+    o->release(o);
+    return 0;
+}
+
+/* Marks o (the object at index 1) busy until the calling C function
+ * returns or raises. The guard goes above the arguments, which are padded
+ * with nil (a method reads at most L_MAX_ARGS, self included). */
+void l_busy(lua_State *L, l_obj *o, int slot) {
+    lua_settop(L, L_MAX_ARGS);
+    lua_getiuservalue(L, 1, slot);
+    lua_toclose(L, -1);
+    o->busy++;
+}
+
+/* close() / <close>: frees now, or when the last busy call returns. */
+void l_obj_close(l_obj *o) {
+    o->closed = 1;
+    o->release(o);
+}
+
+/* __gc: the object is unreachable, so no call on it is in progress (an
+ * unfinished one can only sit on a dead coroutine's stack): free now. */
+void l_obj_finalize(l_obj *o) {
+    o->closed = 1;
+    o->busy = 0;
+    o->release(o);
+}
+
 /* ==== Model ================================================================ */
 
+#define L_MODEL_GUARD 3 /* user values: 1 info, 2 vocab, 3 guard */
+
 typedef struct {
+    l_obj o;
     kv_model *m;  /* NULL until opened, and once freed */
-    int closed;   /* the user closed it (or __gc ran) */
     int sessions; /* open sessions using m */
 } l_model;
 
-static void l_model_release(l_model *lm) {
-    if (lm->m && lm->closed && lm->sessions == 0) {
+static void l_model_release(l_obj *o) {
+    l_model *lm = (l_model *)o;
+    if (lm->m && o->closed && o->busy == 0 && lm->sessions == 0) {
         kv_model_close(lm->m);
         lm->m = NULL;
     }
@@ -192,7 +270,15 @@ static void l_model_release(l_model *lm) {
 
 static l_model *l_model_check(lua_State *L, int idx) {
     l_model *lm = luaL_checkudata(L, idx, L_MODEL);
-    if (lm->closed || !lm->m) luaL_error(L, "attempt to use a closed model");
+    if (lm->o.closed || !lm->m) luaL_error(L, "attempt to use a closed model");
+    return lm;
+}
+
+/* The start of every model method that uses the engine: self is an open
+ * model, busy until the method returns. */
+static l_model *l_model_enter(lua_State *L) {
+    l_model *lm = l_model_check(L, 1);
+    l_busy(L, &lm->o, L_MODEL_GUARD);
     return lm;
 }
 
@@ -208,17 +294,17 @@ kv_model *l_model_hold(lua_State *L, int idx, void **owner) {
 void l_model_unhold(void *owner) {
     l_model *lm = owner;
     lm->sessions--;
-    l_model_release(lm);
+    l_model_release(&lm->o);
 }
 
-static const kv_vocab *l_model_vocab(lua_State *L, l_model *lm) {
-    const kv_vocab *v = kv_model_vocab(lm->m);
+static const kv_vocab *l_vocab_of(lua_State *L, const kv_model *m) {
+    const kv_vocab *v = kv_model_vocab(m);
     if (!v) luaL_error(L, "model has no tokenizer (no tokenizer.ggml.model in the file)");
     return v;
 }
 
 static int l_load(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
+    const char *path = l_check_cstr(L, 1);
     if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
     const char *backend = l_opt_str(L, 2, "backend", "auto");
     lua_Integer threads = l_opt_int(L, 2, "threads", 0);
@@ -226,22 +312,25 @@ static int l_load(lua_State *L) {
     (void)device;
     if (strcmp(backend, "auto") && strcmp(backend, "cpu") && strcmp(backend, "opencl"))
         luaL_error(L, "option 'backend' must be \"auto\", \"cpu\" or \"opencl\" (got \"%s\")", backend);
-    if (threads < 0 || threads > 1024) luaL_error(L, "option 'threads' out of range: %d", (int)threads);
+    if (threads < 0 || threads > KV_MAX_THREADS)
+        luaL_error(L, "option 'threads' out of range: %I (1..%d, or 0 for the physical cores)",
+                   (LUAI_UACINT)threads, KV_MAX_THREADS);
     if (strcmp(backend, "opencl") == 0)
         return l_fail(L, "opencl backend: not available in this build yet (use backend = \"cpu\")");
 
-    l_model *lm = lua_newuserdatauv(L, sizeof *lm, 2); /* born closed */
-    lm->m = NULL;
-    lm->closed = 1;
-    lm->sessions = 0;
+    l_model *lm = lua_newuserdatauv(L, sizeof *lm, 3); /* born closed */
+    memset(lm, 0, sizeof *lm);
+    lm->o.closed = 1;
+    lm->o.release = l_model_release;
     luaL_setmetatable(L, L_MODEL);
+    l_guard_new(L, &lm->o, -1, L_MODEL_GUARD);
 
     kv_model_params p = {.threads = (int)threads};
     kv_error e = {{0}};
     kv_model *m = NULL;
     if (kv_model_open(path, &p, &m, &e) != KV_OK) return l_fail(L, e.msg);
     lm->m = m;
-    lm->closed = 0;
+    lm->o.closed = 0;
     return 1;
 }
 
@@ -297,8 +386,8 @@ static void l_push_vocab(lua_State *L, l_model *lm) {
 }
 
 static int l_model_meta(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
-    const char *key = luaL_checkstring(L, 2);
+    l_model *lm = l_model_enter(L);
+    const char *key = l_check_cstr(L, 2);
     const kv_gguf_value *v = kv_gguf_get(kv_model_gguf(lm->m), key);
     if (!v) {
         lua_pushnil(L);
@@ -310,7 +399,7 @@ static int l_model_meta(lua_State *L) {
 
 /* model:meta_keys() -> array of every metadata key, in file order. */
 static int l_model_meta_keys(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
+    l_model *lm = l_model_enter(L);
     const kv_gguf *g = kv_model_gguf(lm->m);
     lua_createtable(L, (int)g->n_kv, 0);
     for (uint64_t i = 0; i < g->n_kv; i++) {
@@ -321,7 +410,7 @@ static int l_model_meta_keys(lua_State *L) {
 }
 
 static int l_model_tensors(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
+    l_model *lm = l_model_enter(L);
     const kv_gguf *g = kv_model_gguf(lm->m);
     lua_createtable(L, (int)g->n_tensors, 0);
     for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -343,14 +432,16 @@ static int l_model_tensors(lua_State *L) {
     return 1;
 }
 
-static int l_model_tokenize(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
+/* ---- the vocabulary, shared by model methods and the session helpers of
+ * generate (which work after model:close()); the object is busy. */
+
+/* tokenize(text at arg, options at arg + 1) -> {id, ...} | nil, err */
+static int l_vocab_tokenize(lua_State *L, const kv_vocab *v, int arg) {
     size_t len;
-    const char *text = luaL_checklstring(L, 2, &len);
-    if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
-    int add_special = l_opt_bool(L, 3, "add_special", 1);
-    int parse_special = l_opt_bool(L, 3, "parse_special", 0);
-    const kv_vocab *v = l_model_vocab(L, lm);
+    const char *text = luaL_checklstring(L, arg, &len);
+    if (!lua_isnoneornil(L, arg + 1)) luaL_checktype(L, arg + 1, LUA_TTABLE);
+    int add_special = l_opt_bool(L, arg + 1, "add_special", 1);
+    int parse_special = l_opt_bool(L, arg + 1, "parse_special", 0);
     int32_t *ids = NULL;
     size_t n = 0;
     kv_error e = {{0}};
@@ -366,14 +457,49 @@ static int l_model_tokenize(lua_State *L) {
     return 1;
 }
 
+static int32_t l_check_id(lua_State *L, int idx, const kv_vocab *v) {
+    lua_Integer id = luaL_checkinteger(L, idx);
+    if (id < 0 || id >= kv_vocab_n(v))
+        luaL_error(L, "token id %I out of range [0, %d)", (LUAI_UACINT)id, (int)kv_vocab_n(v));
+    return (int32_t)id;
+}
+
+/* piece(id at arg [, special at arg + 1 = true]) -> string */
+static int l_vocab_piece(lua_State *L, const kv_vocab *v, int arg) {
+    int32_t id = l_check_id(L, arg, v);
+    int special = lua_isnoneornil(L, arg + 1) ? 1 : lua_toboolean(L, arg + 1);
+    char small[256];
+    size_t need = kv_token_piece(v, id, special, small, sizeof small);
+    if (need <= sizeof small) {
+        lua_pushlstring(L, small, need);
+        return 1;
+    }
+    luaL_Buffer b;
+    char *p = luaL_buffinitsize(L, &b, need);
+    kv_token_piece(v, id, special, p, need);
+    luaL_pushresultsize(&b, need);
+    return 1;
+}
+
+/* is_eog(id at arg) -> boolean */
+static int l_vocab_is_eog(lua_State *L, const kv_vocab *v, int arg) {
+    lua_pushboolean(L, kv_vocab_is_eog(v, l_check_id(L, arg, v)));
+    return 1;
+}
+
+static int l_model_tokenize(lua_State *L) {
+    l_model *lm = l_model_enter(L);
+    return l_vocab_tokenize(L, l_vocab_of(L, lm->m), 2);
+}
+
 static int l_model_detokenize(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
-    const kv_vocab *v = l_model_vocab(L, lm);
+    l_model *lm = l_model_enter(L);
+    const kv_vocab *v = l_vocab_of(L, lm->m);
     if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
     int remove_special = l_opt_bool(L, 3, "remove_special", 0);
     int unparse_special = l_opt_bool(L, 3, "unparse_special", 0);
-    size_t n;
-    int32_t *ids = l_check_ids(L, 2, kv_vocab_n(v), &n);
+    size_t n = l_ids_len(L, 2);
+    int32_t *ids = l_check_ids(L, 2, n, kv_vocab_n(v));
     char *out = NULL;
     size_t len = 0;
     kv_error e = {{0}};
@@ -390,35 +516,15 @@ static int l_model_detokenize(lua_State *L) {
     return 1;
 }
 
-static int32_t l_check_id(lua_State *L, int idx, const kv_vocab *v) {
-    lua_Integer id = luaL_checkinteger(L, idx);
-    if (id < 0 || id >= kv_vocab_n(v))
-        luaL_error(L, "token id %d out of range [0, %d)", (int)id, (int)kv_vocab_n(v));
-    return (int32_t)id;
-}
-
 static int l_model_piece(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
-    const kv_vocab *v = l_model_vocab(L, lm);
-    int32_t id = l_check_id(L, 2, v);
-    int special = lua_isnoneornil(L, 3) ? 1 : lua_toboolean(L, 3);
-    char small[256];
-    size_t need = kv_token_piece(v, id, special, small, sizeof small);
-    if (need <= sizeof small) {
-        lua_pushlstring(L, small, need);
-        return 1;
-    }
-    luaL_Buffer b;
-    char *p = luaL_buffinitsize(L, &b, need);
-    kv_token_piece(v, id, special, p, need);
-    luaL_pushresultsize(&b, need);
-    return 1;
+    l_model *lm = l_model_enter(L);
+    return l_vocab_piece(L, l_vocab_of(L, lm->m), 2);
 }
 
-/* model:token_text(id) -> raw stored text; model:token_attr(id) -> bits */
+/* model:token_text(id) -> raw stored text */
 static int l_model_token_text(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
-    const kv_vocab *v = l_model_vocab(L, lm);
+    l_model *lm = l_model_enter(L);
+    const kv_vocab *v = l_vocab_of(L, lm->m);
     size_t len = 0;
     const char *s = kv_vocab_text(v, l_check_id(L, 2, v), &len);
     lua_pushlstring(L, s ? s : "", s ? len : 0);
@@ -426,14 +532,15 @@ static int l_model_token_text(lua_State *L) {
 }
 
 static int l_model_is_eog(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
-    const kv_vocab *v = l_model_vocab(L, lm);
-    lua_pushboolean(L, kv_vocab_is_eog(v, l_check_id(L, 2, v)));
-    return 1;
+    l_model *lm = l_model_enter(L);
+    return l_vocab_is_eog(L, l_vocab_of(L, lm->m), 2);
 }
 
+/* model:kv_bytes{ctx, batch, ktype, vtype, page_tokens}: bytes sessions of
+ * ctx positions hold (page-rounded); a count past 2^63 raises rather than
+ * wrapping. */
 static int l_model_kv_bytes(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
+    l_model *lm = l_model_enter(L);
     if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
     lua_Integer ctx = l_opt_int(L, 2, "ctx", kv_model_info_get(lm->m)->n_ctx_train);
     lua_Integer batch = l_opt_int(L, 2, "batch", 1);
@@ -442,19 +549,21 @@ static int l_model_kv_bytes(lua_State *L) {
     int *types = lua_newuserdatauv(L, 2 * sizeof(int) * (size_t)(n_layer ? n_layer : 1), 0);
     l_kv_types(L, 2, "ktype", n_layer, types);
     l_kv_types(L, 2, "vtype", n_layer, types + n_layer);
-    if (ctx < 0 || batch < 0) luaL_error(L, "ctx and batch must be >= 0");
-    if (pt <= 0 || pt > 65536 || (pt & (pt - 1))) luaL_error(L, "option 'page_tokens' must be a power of two");
-    /* pages are rounded: what sessions of ctx positions hold */
-    uint64_t b = kv_model_kv_bytes_layers(lm->m, ctx, types, types + n_layer, (int)pt);
-    if (b == UINT64_MAX || (batch && b > (uint64_t)INT64_MAX / (uint64_t)batch))
-        luaL_error(L, "kv_bytes: more than 2^63 bytes");
+    if (ctx < 0 || batch < 0)
+        luaL_error(L, "ctx and batch must be >= 0 (got ctx %I, batch %I)", (LUAI_UACINT)ctx, (LUAI_UACINT)batch);
+    if (pt <= 0 || pt > 65536 || (pt & (pt - 1)))
+        luaL_error(L, "option 'page_tokens' must be a power of two (got %I)", (LUAI_UACINT)pt);
+    uint64_t b = kv_model_kv_bytes_layers(lm->m, ctx, types, types + n_layer, (int)pt); /* saturates */
+    if (b == UINT64_MAX || (batch > 0 && b > (uint64_t)LUA_MAXINTEGER / (uint64_t)batch))
+        luaL_error(L, "kv_bytes: ctx %I x batch %I needs more than 2^63 bytes", (LUAI_UACINT)ctx,
+                   (LUAI_UACINT)batch);
     lua_pushinteger(L, (lua_Integer)(b * (uint64_t)batch));
     return 1;
 }
 
 /* model:fingerprint() --> hex BLAKE2b of the file, seconds it took (once) */
 static int l_model_fingerprint(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
+    l_model *lm = l_model_enter(L);
     uint8_t fp[32];
     double secs = 0;
     kv_error e = {{0}};
@@ -467,18 +576,25 @@ static int l_model_fingerprint(lua_State *L) {
     return 2;
 }
 
+static int l_model_close(lua_State *L) {
+    l_obj_close(luaL_checkudata(L, 1, L_MODEL));
+    return 0;
+}
+
 static int l_model_gc(lua_State *L) {
-    l_model *lm = luaL_checkudata(L, 1, L_MODEL);
-    lm->closed = 1;
-    l_model_release(lm);
+    l_obj_finalize(luaL_checkudata(L, 1, L_MODEL));
     return 0;
 }
 
 static int l_model_tostring(lua_State *L) {
     l_model *lm = luaL_checkudata(L, 1, L_MODEL);
-    if (lm->closed || !lm->m) lua_pushstring(L, "kvlua.Model (closed)");
-    else lua_pushfstring(L, "kvlua.Model (%s, %s)", kv_model_info_get(lm->m)->arch,
-                         kv_model_info_get(lm->m)->name);
+    if (lm->o.closed || !lm->m) {
+        lua_pushstring(L, "kvlua.Model (closed)");
+        return 1;
+    }
+    l_busy(L, &lm->o, L_MODEL_GUARD); /* pushfstring allocates while reading the names */
+    const kv_model_info *in = kv_model_info_get(lm->m);
+    lua_pushfstring(L, "kvlua.Model (%s, %s)", in->arch, in->name);
     return 1;
 }
 
@@ -496,7 +612,7 @@ static const luaL_Reg l_model_methods[] = {
     {"kv_bytes", l_model_kv_bytes},
     {"fingerprint", l_model_fingerprint},
     {"session", l_session_new},
-    {"close", l_model_gc},
+    {"close", l_model_close},
     {NULL, NULL},
 };
 
@@ -505,7 +621,7 @@ static int l_model_index(lua_State *L) {
     l_model *lm = luaL_checkudata(L, 1, L_MODEL);
     const char *k = lua_tostring(L, 2);
     if (k && (!strcmp(k, "info") || !strcmp(k, "vocab"))) {
-        if (lm->closed || !lm->m) luaL_error(L, "attempt to use a closed model");
+        l_model_enter(L);
         int slot = k[0] == 'i' ? 1 : 2;
         if (lua_getiuservalue(L, 1, slot) == LUA_TNIL) {
             lua_pop(L, 1);
@@ -525,12 +641,17 @@ static int l_model_index(lua_State *L) {
 
 /* ==== Session ================================================================ */
 
+/* user values: 1 the model, 2 the last Logits (or a string saying why there
+ * are none), 3 a table of Lua-side fields, 4 the guard, 5 the Cache */
+#define L_SESSION_GUARD 4
+#define L_SESSION_CACHE 5
+#define L_MAX_CTX (1 << 24)
+
 typedef struct {
-    kv_session *s;    /* NULL when closed */
+    l_obj o;
+    kv_session *s;    /* NULL until opened, and once freed */
     l_model *lm;      /* owner (kept alive by user value 1) */
-    l_cache *lc;      /* the shared cache it draws from (user value 4), NULL: private pool */
-    float *logits;    /* scratch for the last row(s) */
-    size_t logits_cap;
+    l_cache *lc;      /* the shared cache it draws from (user value 5), NULL: private pool */
     /* stats */
     double ttft;      /* seconds of the first prefill, -1 before */
     double *itl;      /* decode latencies, seconds */
@@ -539,35 +660,83 @@ typedef struct {
     double prefill_seconds;
 } l_session;
 
+static void l_session_release(l_obj *o) {
+    l_session *ls = (l_session *)o;
+    if (!o->closed || o->busy) return;
+    if (ls->s) {
+        kv_session_close(ls->s);
+        ls->s = NULL;
+        ls->lm->sessions--;
+        l_model_release(&ls->lm->o);
+    }
+    free(ls->itl);
+    ls->itl = NULL;
+    ls->n_itl = ls->cap_itl = 0;
+}
+
 static l_session *l_session_check(lua_State *L, int idx) {
     l_session *ls = luaL_checkudata(L, idx, L_SESSION);
-    if (!ls->s) luaL_error(L, "attempt to use a closed session");
+    if (ls->o.closed || !ls->s) luaL_error(L, "attempt to use a closed session");
     return ls;
 }
 
-/* A new session userdata (born closed) keeping the model at index mi and
- * the cache at index ci (0: none) alive. */
+/* The start of every session method that uses the engine (see l_model_enter). */
+static l_session *l_session_enter(lua_State *L) {
+    l_session *ls = l_session_check(L, 1);
+    l_busy(L, &ls->o, L_SESSION_GUARD);
+    return ls;
+}
+
+/* Why s:logits() has nothing to give (user value 2). */
+static void l_session_no_logits(lua_State *L, const char *why) {
+    lua_pushstring(L, why);
+    lua_setiuservalue(L, 1, 2);
+}
+
+/* A new session userdata, born closed, keeping the model at index mi and
+ * the Cache at index ci (0: none) alive. l_session_open opens it. */
 static l_session *l_session_push(lua_State *L, int mi, int ci) {
-    /* user values: 1 model, 2 last Logits, 3 table of Lua-side fields, 4 cache */
-    l_session *ls = lua_newuserdatauv(L, sizeof *ls, 4);
+    mi = lua_absindex(L, mi);
+    ci = ci ? lua_absindex(L, ci) : 0;
+    l_session *ls = lua_newuserdatauv(L, sizeof *ls, 5);
     memset(ls, 0, sizeof *ls);
+    ls->o.closed = 1;
+    ls->o.release = l_session_release;
     ls->ttft = -1;
     luaL_setmetatable(L, L_SESSION);
     lua_pushvalue(L, mi);
     lua_setiuservalue(L, -2, 1); /* keep the model alive */
     if (ci) {
         lua_pushvalue(L, ci);
-        lua_setiuservalue(L, -2, 4); /* and the cache */
+        lua_setiuservalue(L, -2, L_SESSION_CACHE); /* and the cache */
     }
+    l_guard_new(L, &ls->o, -1, L_SESSION_GUARD);
+    lua_pushliteral(L, "no logits yet: nothing was evaluated");
+    lua_setiuservalue(L, -2, 2);
     return ls;
 }
 
+static void l_session_open(lua_State *L, l_session *ls, kv_session *s, l_model *lm, l_cache *lc) {
+    ls->lm = lm;
+    ls->lc = lc;
+    ls->s = s;
+    lm->sessions++;
+    ls->o.closed = 0;
+    /* Lua sees a small userdata: step the collector as if the cache had
+     * been allocated through it, so dropped sessions are reclaimed in step
+     * with new ones (closing them, or <close>, frees at once) */
+    uint64_t kb = kv_session_kv_bytes(s) >> 10;
+    if (kb == 0) kb = (uint64_t)kv_session_ctx(s) * 64 >> 10; /* pages come as tokens do */
+    lua_gc(L, LUA_GCSTEP, kb > INT_MAX ? INT_MAX : (int)kb);
+}
+
 static int l_session_new(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
+    l_model *lm = l_model_enter(L);
     if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
     const kv_model_info *in = kv_model_info_get(lm->m);
     lua_Integer ctx = l_opt_int(L, 2, "ctx", in->n_ctx_train < 4096 ? in->n_ctx_train : 4096);
-    if (ctx <= 0 || ctx > (1 << 24)) luaL_error(L, "option 'ctx' out of range: %d", (int)ctx);
+    if (ctx <= 0 || ctx > L_MAX_CTX)
+        luaL_error(L, "option 'ctx' out of range: %I (1..%d)", (LUAI_UACINT)ctx, L_MAX_CTX);
     l_cache *lc = NULL;
     int ci = 0;
     if (l_opt_field(L, 2, "cache") != LUA_TNIL) {
@@ -595,53 +764,31 @@ static int l_session_new(lua_State *L) {
     kv_session *s = NULL;
     kv_session_params p = {.n_ctx = (int)ctx, .ktypes = types, .vtypes = types + n_layer, .cache = lc ? lc->c : NULL};
     if (kv_session_open_p(lm->m, &p, &s, &e) != KV_OK) return l_fail(L, e.msg);
-    ls->s = s;
-    ls->lm = lm;
-    ls->lc = lc;
-    lm->sessions++;
+    l_session_open(L, ls, s, lm, lc);
     return 1;
 }
 
-static int l_session_gc(lua_State *L) {
-    l_session *ls = luaL_checkudata(L, 1, L_SESSION);
-    if (ls->s) {
-        kv_session_close(ls->s);
-        ls->s = NULL;
-        ls->lm->sessions--;
-        l_model_release(ls->lm);
-    }
-    free(ls->logits);
-    ls->logits = NULL;
-    ls->logits_cap = 0;
-    free(ls->itl);
-    ls->itl = NULL;
-    ls->n_itl = ls->cap_itl = 0;
+static int l_session_close(lua_State *L) {
+    l_obj_close(luaL_checkudata(L, 1, L_SESSION));
     return 0;
 }
 
-static float *l_session_scratch(lua_State *L, l_session *ls, size_t n) {
-    if (n > ls->logits_cap) {
-        float *p = realloc(ls->logits, n * sizeof(float));
-        if (!p) luaL_error(L, "out of memory (%d logits)", (int)n);
-        ls->logits = p;
-        ls->logits_cap = n;
-    }
-    return ls->logits;
+static int l_session_gc(lua_State *L) {
+    l_obj_finalize(luaL_checkudata(L, 1, L_SESSION));
+    return 0;
 }
 
-/* Runs ids through the session; pushes a Logits (or nil, message). */
-static int l_session_run(lua_State *L, l_session *ls, const int32_t *ids, size_t n, int mode, int is_decode) {
-    int n_vocab = kv_model_info_get(ls->lm->m)->n_vocab;
-    size_t rows = mode == KV_LOGITS_ALL ? n : 1;
-    if (rows && (size_t)n_vocab > SIZE_MAX / sizeof(float) / rows) luaL_error(L, "too many logits");
-    float *out = l_session_scratch(L, ls, rows * (size_t)n_vocab);
-    kv_error e = {{0}};
-    l_cache_before_eval(L, ls->lc);
-    double t0 = l_now();
-    kv_status st = kv_session_eval(ls->s, ids, n, mode, out, &e);
-    double dt = l_now() - t0;
-    l_cache_after_eval(L, ls->lc); /* raises what the eviction policy raised */
-    if (st != KV_OK) return l_fail(L, e.msg);
+/* Pushes nil, "context full: ..." unless n more tokens fit; returns 0 when
+ * they do. */
+static int l_session_room(lua_State *L, l_session *ls, size_t n) {
+    int pos = kv_session_pos(ls->s), ctx = kv_session_ctx(ls->s);
+    if (n <= (size_t)(ctx - pos)) return 0;
+    lua_pushnil(L);
+    lua_pushfstring(L, "context full: %d tokens in session + %I new > n_ctx %d", pos, (LUAI_UACINT)n, ctx);
+    return 2;
+}
+
+static void l_session_count(l_session *ls, size_t n, double dt, int is_decode) {
     if (is_decode) {
         if (ls->n_itl == ls->cap_itl) {
             size_t cap = ls->cap_itl ? ls->cap_itl * 2 : 256;
@@ -655,22 +802,45 @@ static int l_session_run(lua_State *L, l_session *ls, const int32_t *ids, size_t
         ls->prefill_tokens += n;
         ls->prefill_seconds += dt;
     }
-    float *dst = l_logits_push(L, n_vocab, (int)rows);
-    memcpy(dst, out, rows * (size_t)n_vocab * sizeof(float));
-    /* remember the last logits for s:logits() / generate */
-    if (mode == KV_LOGITS_ALL && rows > 1) {
+}
+
+/* Runs n ids through the session (self at index 1). Pushes the Logits of
+ * mode (KV_LOGITS_LAST, _ALL), or true for KV_LOGITS_NONE; or nil, message.
+ * The forward pass writes straight into the Logits, which is created only
+ * once the context is known to have room. */
+static int l_session_eval(lua_State *L, l_session *ls, const int32_t *ids, size_t n, int mode, int is_decode) {
+    kv_error e = {{0}};
+    if (kv_model_check_file(ls->lm->m, &e) != KV_OK) return l_fail(L, e.msg);
+    int r = l_session_room(L, ls, n);
+    if (r) return r;
+    int n_vocab = kv_model_info_get(ls->lm->m)->n_vocab;
+    int rows = mode == KV_LOGITS_ALL ? (int)n : 1;
+    float *out = mode == KV_LOGITS_NONE ? NULL : l_logits_push(L, n_vocab, rows);
+    l_cache_before_eval(L, ls->lc);
+    double t0 = l_now();
+    kv_status st = kv_session_eval(ls->s, ids, n, mode, out, &e);
+    double dt = l_now() - t0;
+    l_cache_after_eval(L, ls->lc); /* raises what the eviction policy raised */
+    if (st != KV_OK) return l_fail(L, e.msg);
+    l_session_count(ls, n, dt, is_decode);
+    if (mode == KV_LOGITS_NONE) {
+        l_session_no_logits(L, "no logits: the last eval computed none (prefill with logits = \"none\")");
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    /* remember the last position's logits for s:logits() / generate */
+    if (rows > 1) {
         float *last = l_logits_push(L, n_vocab, 1);
-        memcpy(last, out + (rows - 1) * (size_t)n_vocab, (size_t)n_vocab * sizeof(float));
-        lua_setiuservalue(L, 1, 2);
+        memcpy(last, out + (size_t)(rows - 1) * (size_t)n_vocab, (size_t)n_vocab * sizeof(float));
     } else {
         lua_pushvalue(L, -1);
-        lua_setiuservalue(L, 1, 2);
     }
+    lua_setiuservalue(L, 1, 2);
     return 1;
 }
 
 static int l_session_prefill(lua_State *L) {
-    l_session *ls = l_session_check(L, 1);
+    l_session *ls = l_session_enter(L);
     if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
     const char *lg = l_opt_str(L, 3, "logits", "last");
     int mode;
@@ -678,62 +848,51 @@ static int l_session_prefill(lua_State *L) {
     else if (!strcmp(lg, "all")) mode = KV_LOGITS_ALL;
     else if (!strcmp(lg, "none")) mode = KV_LOGITS_NONE;
     else return luaL_error(L, "option 'logits' must be \"last\", \"all\" or \"none\"");
-    size_t n;
-    int32_t *owned = l_check_ids(L, 2, kv_model_info_get(ls->lm->m)->n_vocab, &n);
+    size_t n = l_ids_len(L, 2);
     if (n == 0) luaL_argerror(L, 2, "empty token list");
-    if (mode == KV_LOGITS_NONE) {
-        kv_error e = {{0}};
-        l_cache_before_eval(L, ls->lc);
-        double t0 = l_now();
-        kv_status st = kv_session_eval(ls->s, owned, n, KV_LOGITS_NONE, NULL, &e);
-        double dt = l_now() - t0;
-        l_cache_after_eval(L, ls->lc);
-        if (st != KV_OK) return l_fail(L, e.msg);
-        if (ls->ttft < 0) ls->ttft = dt;
-        ls->prefill_tokens += n;
-        ls->prefill_seconds += dt;
-        lua_pushboolean(L, 1);
-        return 1;
-    }
-    return l_session_run(L, ls, owned, n, mode, 0);
+    int r = l_session_room(L, ls, n); /* before the ids are copied */
+    if (r) return r;
+    int32_t *ids = l_check_ids(L, 2, n, kv_model_info_get(ls->lm->m)->n_vocab);
+    return l_session_eval(L, ls, ids, n, mode, 0);
 }
 
 static int l_session_decode(lua_State *L) {
-    l_session *ls = l_session_check(L, 1);
+    l_session *ls = l_session_enter(L);
     lua_Integer id = luaL_checkinteger(L, 2);
     int n_vocab = kv_model_info_get(ls->lm->m)->n_vocab;
-    if (id < 0 || id >= n_vocab) luaL_error(L, "token id %d out of range [0, %d)", (int)id, n_vocab);
+    if (id < 0 || id >= n_vocab)
+        luaL_error(L, "token id %I out of range [0, %d)", (LUAI_UACINT)id, n_vocab);
     int32_t tok = (int32_t)id;
-    return l_session_run(L, ls, &tok, 1, KV_LOGITS_LAST, 1);
+    return l_session_eval(L, ls, &tok, 1, KV_LOGITS_LAST, 1);
 }
 
+/* s:logits() -> the last position's Logits | nil, why there are none */
 static int l_session_logits(lua_State *L) {
     l_session_check(L, 1);
-    lua_getiuservalue(L, 1, 2);
-    return 1;
+    if (lua_getiuservalue(L, 1, 2) != LUA_TSTRING) return 1;
+    lua_pushnil(L);
+    lua_insert(L, -2);
+    return 2;
 }
 
 static int l_session_tokens(lua_State *L) {
-    l_session *ls = l_session_check(L, 1);
+    l_session *ls = l_session_enter(L);
     l_push_ids(L, kv_session_tokens(ls->s), (size_t)kv_session_pos(ls->s));
     return 1;
 }
 
 static int l_session_rewind(lua_State *L) {
-    l_session *ls = l_session_check(L, 1);
+    l_session *ls = l_session_enter(L);
     lua_Integer n = luaL_checkinteger(L, 2);
     if (n < 0) luaL_argerror(L, 2, "must be >= 0");
     if (n > kv_session_pos(ls->s)) n = kv_session_pos(ls->s);
     kv_session_rewind(ls->s, (int)n);
-    if (n > 0) { /* the remembered logits no longer match the sequence */
-        lua_pushnil(L);
-        lua_setiuservalue(L, 1, 2);
-    }
+    if (n > 0) l_session_no_logits(L, "no logits: the session was rewound since its last eval");
     return 0;
 }
 
 static int l_session_stats(lua_State *L) {
-    l_session *ls = l_session_check(L, 1);
+    l_session *ls = l_session_enter(L);
     lua_createtable(L, 0, 10);
     if (ls->ttft >= 0) {
         lua_pushnumber(L, ls->ttft);
@@ -757,24 +916,20 @@ static int l_session_stats(lua_State *L) {
 
 /* s:fork() --> a session with the same tokens sharing every page (copy on write) */
 static int l_session_fork(lua_State *L) {
-    l_session *ls = l_session_check(L, 1);
-    if (ls->lc) l_cache_before_eval(L, ls->lc), ls->lc->L = NULL;
+    l_session *ls = l_session_enter(L);
+    if (ls->lc) l_cache_before_eval(L, ls->lc), ls->lc->L = NULL; /* not inside its eviction policy */
     int ci = 0;
     if (ls->lc) {
-        lua_getiuservalue(L, 1, 4);
+        lua_getiuservalue(L, 1, L_SESSION_CACHE);
         ci = lua_gettop(L);
     }
     lua_getiuservalue(L, 1, 1);
-    int mi = lua_gettop(L);
-    l_session *f = l_session_push(L, mi, ci);
+    l_session *f = l_session_push(L, -1, ci);
     kv_error e = {{0}};
     kv_session *s = NULL;
     if (kv_session_fork(ls->s, &s, &e) != KV_OK) return l_fail(L, e.msg);
-    f->s = s;
-    f->lm = ls->lm;
-    f->lc = ls->lc;
-    f->lm->sessions++;
-    lua_getiuservalue(L, 1, 2); /* the same last logits */
+    l_session_open(L, f, s, ls->lm, ls->lc);
+    lua_getiuservalue(L, 1, 2); /* the same last logits (or why there are none) */
     lua_setiuservalue(L, -2, 2);
     return 1;
 }
@@ -782,20 +937,19 @@ static int l_session_fork(lua_State *L) {
 /* s:shift{ keep = n_keep, drop = n } --> true | nil, err: drops positions
  * [keep, keep + drop) and moves the rest down (keys re-rotated) */
 static int l_session_shift(lua_State *L) {
-    l_session *ls = l_session_check(L, 1);
+    l_session *ls = l_session_enter(L);
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_Integer keep = l_opt_int(L, 2, "keep", 0), drop = l_opt_int(L, 2, "drop", 0);
     lua_Integer pos = kv_session_pos(ls->s);
     if (keep < 0 || drop <= 0 || keep > pos || drop > pos - keep)
-        luaL_error(L, "shift: need 0 <= keep and 0 < drop with keep + drop <= %I tokens (got keep %I, drop %I)", pos,
-                   keep, drop);
+        luaL_error(L, "shift: need 0 <= keep and 0 < drop with keep + drop <= %I tokens (got keep %I, drop %I)",
+                   (LUAI_UACINT)pos, (LUAI_UACINT)keep, (LUAI_UACINT)drop);
     kv_error e = {{0}};
     l_cache_before_eval(L, ls->lc);
     kv_status st = kv_session_shift(ls->s, (int)keep, (int)drop, &e);
     l_cache_after_eval(L, ls->lc);
     if (st != KV_OK) return l_fail(L, e.msg);
-    lua_pushnil(L); /* the remembered logits belong to the old sequence */
-    lua_setiuservalue(L, 1, 2);
+    l_session_no_logits(L, "no logits: the session was shifted since its last eval");
     lua_pushboolean(L, 1);
     return 1;
 }
@@ -809,16 +963,13 @@ static const uint8_t *l_opt_key(lua_State *L, int opts) {
     size_t n = 0;
     const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
     if (!k || n != 32) luaL_error(L, "option 'key' must be a string of 32 bytes");
-    lua_pop(L, 1); /* the string stays referenced by the options table */
-    return (const uint8_t *)k;
+    return (const uint8_t *)k; /* stays on the stack */
 }
 
 /* s:save(path, { key = }) --> true | nil, err */
 static int l_session_save(lua_State *L) {
-    l_session *ls = l_session_check(L, 1);
-    size_t n;
-    const char *path = luaL_checklstring(L, 2, &n);
-    if (strlen(path) != n) luaL_argerror(L, 2, "path contains a NUL byte");
+    l_session *ls = l_session_enter(L);
+    const char *path = l_check_cstr(L, 2);
     if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
     const uint8_t *key = l_opt_key(L, 3);
     kv_error e = {{0}};
@@ -827,45 +978,38 @@ static int l_session_save(lua_State *L) {
     return 1;
 }
 
-/* kvlua.restore(model, path, { key =, cache =, ctx = }) --> session | nil, err */
-static int l_restore(lua_State *L) {
-    l_model *lm = l_model_check(L, 1);
-    size_t n;
-    const char *path = luaL_checklstring(L, 2, &n);
-    if (strlen(path) != n) luaL_argerror(L, 2, "path contains a NUL byte");
-    if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
-    const uint8_t *key = l_opt_key(L, 3);
-    lua_Integer ctx = l_opt_int(L, 3, "ctx", 0);
-    if (ctx < 0 || ctx > (1 << 24)) luaL_error(L, "option 'ctx' out of range");
-    l_cache *lc = NULL;
-    int ci = 0;
-    if (l_opt_field(L, 3, "cache") != LUA_TNIL) {
-        lc = l_cache_check(L, -1);
-        ci = lua_gettop(L);
-        if (kv_cache_model(lc->c) != lm->m) luaL_error(L, "option 'cache': the cache belongs to another model");
-    } else {
-        lua_pop(L, 1);
-    }
-    l_session *ls = l_session_push(L, 1, ci);
-    kv_error e = {{0}};
-    kv_session *s = NULL;
-    l_cache_before_eval(L, lc);
-    kv_status st = kv_session_restore(lm->m, path, key, lc ? lc->c : NULL, (int)ctx, &s, &e);
-    l_cache_after_eval(L, lc);
-    if (st != KV_OK) return l_fail(L, e.msg);
-    ls->s = s;
-    ls->lm = lm;
-    ls->lc = lc;
-    lm->sessions++;
-    return 1;
-}
-
 static int l_session_tostring(lua_State *L) {
     l_session *ls = luaL_checkudata(L, 1, L_SESSION);
-    if (!ls->s) lua_pushstring(L, "kvlua.Session (closed)");
+    if (ls->o.closed || !ls->s) lua_pushstring(L, "kvlua.Session (closed)");
     else lua_pushfstring(L, "kvlua.Session (%d/%d tokens)", kv_session_pos(ls->s), kv_session_ctx(ls->s));
     return 1;
 }
+
+/* ---- the vocabulary through a session, for kvlua.generate: it works
+ * after model:close(), since an open session keeps the model's engine
+ * object alive. Passed to the generate module, not installed as methods. */
+
+static int l_session_vocab_tokenize(lua_State *L) {
+    l_session *ls = l_session_enter(L);
+    return l_vocab_tokenize(L, l_vocab_of(L, ls->lm->m), 2);
+}
+
+static int l_session_vocab_piece(lua_State *L) {
+    l_session *ls = l_session_enter(L);
+    return l_vocab_piece(L, l_vocab_of(L, ls->lm->m), 2);
+}
+
+static int l_session_vocab_is_eog(lua_State *L) {
+    l_session *ls = l_session_enter(L);
+    return l_vocab_is_eog(L, l_vocab_of(L, ls->lm->m), 2);
+}
+
+static const luaL_Reg l_session_vocab[] = {
+    {"tokenize", l_session_vocab_tokenize},
+    {"piece", l_session_vocab_piece},
+    {"is_eog", l_session_vocab_is_eog},
+    {NULL, NULL},
+};
 
 static const luaL_Reg l_session_methods[] = {
     {"prefill", l_session_prefill},
@@ -877,7 +1021,7 @@ static const luaL_Reg l_session_methods[] = {
     {"fork", l_session_fork},
     {"save", l_session_save},
     {"shift", l_session_shift},
-    {"close", l_session_gc},
+    {"close", l_session_close},
     {NULL, NULL},
 };
 
@@ -885,7 +1029,7 @@ static int l_session_index(lua_State *L) {
     l_session *ls = luaL_checkudata(L, 1, L_SESSION);
     const char *k = lua_tostring(L, 2);
     if (k && (!strcmp(k, "pos") || !strcmp(k, "ctx"))) {
-        if (!ls->s) luaL_error(L, "attempt to use a closed session");
+        l_session_check(L, 1);
         lua_pushinteger(L, k[0] == 'p' ? kv_session_pos(ls->s) : kv_session_ctx(ls->s));
         return 1;
     }
@@ -894,7 +1038,7 @@ static int l_session_index(lua_State *L) {
         return 1;
     }
     if (k && !strcmp(k, "cache")) { /* the shared Cache, or nil for a private pool */
-        lua_getiuservalue(L, 1, 4);
+        lua_getiuservalue(L, 1, L_SESSION_CACHE);
         return 1;
     }
     lua_getmetatable(L, 1);
@@ -930,67 +1074,6 @@ static int l_session_newindex(lua_State *L) {
     return 0;
 }
 
-/* kvlua.decode_batch({s1, s2, ...}, {id1, id2, ...}) --> {Logits, ...} | nil, err:
- * one forward pass for the next token of every session (distinct sessions
- * of one model); each Logits is the same bits s:decode(id) would give. */
-static int l_decode_batch(lua_State *L) {
-    luaL_checktype(L, 1, LUA_TTABLE);
-    luaL_checktype(L, 2, LUA_TTABLE);
-    lua_Integer n = luaL_len(L, 1);
-    if (n < 1 || n > 65536) luaL_argerror(L, 1, "between 1 and 65536 sessions");
-    if (luaL_len(L, 2) != n) luaL_argerror(L, 2, "one token id per session");
-    kv_session **ss = lua_newuserdatauv(L, (size_t)n * sizeof *ss, 0);
-    l_session **lss = lua_newuserdatauv(L, (size_t)n * sizeof *lss, 0);
-    int32_t *ids = lua_newuserdatauv(L, (size_t)n * sizeof *ids, 0);
-    int n_vocab = 0;
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_geti(L, 1, i);
-        if (!luaL_testudata(L, -1, L_SESSION)) luaL_error(L, "decode_batch: entry %I is not a session", i);
-        l_session *ls = l_session_check(L, -1);
-        lua_pop(L, 1);
-        if (i == 1) n_vocab = kv_model_info_get(ls->lm->m)->n_vocab;
-        else if (ls->lm != lss[0]->lm) luaL_error(L, "decode_batch: session %I belongs to another model", i);
-        for (lua_Integer j = 1; j < i; j++)
-            if (lss[j - 1] == ls) luaL_error(L, "decode_batch: session %I appears twice", i);
-        lua_geti(L, 2, i);
-        int ok = 0;
-        lua_Integer id = lua_tointegerx(L, -1, &ok);
-        lua_pop(L, 1);
-        if (!ok || id < 0 || id >= n_vocab) luaL_error(L, "decode_batch: token id at index %I out of range [0, %d)", i, n_vocab);
-        lss[i - 1] = ls;
-        ss[i - 1] = ls->s;
-        ids[i - 1] = (int32_t)id;
-    }
-    if ((size_t)n_vocab > SIZE_MAX / sizeof(float) / (size_t)n) luaL_error(L, "decode_batch: too many logits");
-    float *out = lua_newuserdatauv(L, (size_t)n * (size_t)n_vocab * sizeof(float), 0);
-    for (lua_Integer i = 0; i < n; i++) l_cache_before_eval(L, lss[i]->lc);
-    kv_error e = {{0}};
-    double t0 = l_now();
-    kv_status st = kv_decode_batch(ss, ids, (size_t)n, out, &e);
-    double dt = l_now() - t0;
-    for (lua_Integer i = 0; i < n; i++) l_cache_after_eval(L, lss[i]->lc);
-    if (st != KV_OK) return l_fail(L, e.msg);
-    lua_createtable(L, (int)n, 0);
-    for (lua_Integer i = 1; i <= n; i++) {
-        l_session *ls = lss[i - 1];
-        float *dst = l_logits_push(L, n_vocab, 1);
-        memcpy(dst, out + (size_t)(i - 1) * n_vocab, (size_t)n_vocab * sizeof(float));
-        lua_geti(L, 1, i); /* the session: remember its last logits */
-        lua_pushvalue(L, -2);
-        lua_setiuservalue(L, -2, 2);
-        lua_pop(L, 1);
-        lua_rawseti(L, -2, i);
-        if (ls->n_itl == ls->cap_itl) {
-            size_t cap = ls->cap_itl ? ls->cap_itl * 2 : 256;
-            double *p = realloc(ls->itl, cap * sizeof(double));
-            if (p) ls->itl = p, ls->cap_itl = cap;
-        }
-        if (ls->n_itl < ls->cap_itl) ls->itl[ls->n_itl++] = dt;
-        ls->decode_tokens++;
-    }
-    return 1;
-}
-
 /* ==== module functions =================================================== */
 
 static int l_devices(lua_State *L) {
@@ -1021,6 +1104,98 @@ static int l_utf8_complete(lua_State *L) {
     return 1;
 }
 
+/* kvlua.restore(model, path, { key =, cache =, ctx = }) --> session | nil, err */
+static int l_restore(lua_State *L) {
+    l_model *lm = l_model_enter(L);
+    const char *path = l_check_cstr(L, 2);
+    if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+    const uint8_t *key = l_opt_key(L, 3);
+    lua_Integer ctx = l_opt_int(L, 3, "ctx", 0);
+    if (ctx < 0 || ctx > L_MAX_CTX) luaL_error(L, "option 'ctx' out of range: %I (0..%d)", (LUAI_UACINT)ctx, L_MAX_CTX);
+    l_cache *lc = NULL;
+    int ci = 0;
+    if (l_opt_field(L, 3, "cache") != LUA_TNIL) {
+        lc = l_cache_check(L, -1);
+        ci = lua_gettop(L);
+        if (kv_cache_model(lc->c) != lm->m) luaL_error(L, "option 'cache': the cache belongs to another model");
+    } else {
+        lua_pop(L, 1);
+    }
+    l_session *ls = l_session_push(L, 1, ci);
+    kv_error e = {{0}};
+    kv_session *s = NULL;
+    l_cache_before_eval(L, lc);
+    kv_status st = kv_session_restore(lm->m, path, key, lc ? lc->c : NULL, (int)ctx, &s, &e);
+    l_cache_after_eval(L, lc);
+    if (st != KV_OK) return l_fail(L, e.msg);
+    l_session_open(L, ls, s, lm, lc);
+    return 1;
+}
+
+/* kvlua.decode_batch({s1, s2, ...}, {id1, id2, ...}) --> {Logits, ...} | nil, err:
+ * one forward pass for the next token of every session (distinct sessions
+ * of one model); each Logits is the same bits s:decode(id) would give.
+ * Every session is kept on the stack and marked busy for the call. */
+#define L_MAX_BATCH 4096
+static int l_decode_batch(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_settop(L, 2);
+    lua_Integer n = luaL_len(L, 1);
+    if (n < 1 || n > L_MAX_BATCH) luaL_argerror(L, 1, "between 1 and 4096 sessions");
+    if (luaL_len(L, 2) != n) luaL_argerror(L, 2, "one token id per session");
+    luaL_checkstack(L, (int)(2 * n + 16), "decode_batch");
+    kv_session **ss = lua_newuserdatauv(L, (size_t)n * sizeof *ss, 0);
+    l_session **lss = lua_newuserdatauv(L, (size_t)n * sizeof *lss, 0);
+    int32_t *ids = lua_newuserdatauv(L, (size_t)n * sizeof *ids, 0);
+    const int base = lua_gettop(L); /* sessions at base + 2i - 1, their guards above each */
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_geti(L, 1, i);
+        if (!luaL_testudata(L, -1, L_SESSION)) luaL_error(L, "decode_batch: entry %I is not a session", (LUAI_UACINT)i);
+        l_session *ls = l_session_check(L, -1);
+        for (lua_Integer j = 1; j < i; j++)
+            if (lss[j - 1] == ls) luaL_error(L, "decode_batch: session %I appears twice", (LUAI_UACINT)i);
+        if (i > 1 && ls->lm != lss[0]->lm) luaL_error(L, "decode_batch: session %I belongs to another model", (LUAI_UACINT)i);
+        lua_getiuservalue(L, -1, L_SESSION_GUARD);
+        lua_toclose(L, -1);
+        ls->o.busy++;
+        lss[i - 1] = ls;
+        ss[i - 1] = ls->s;
+    }
+    const int n_vocab = kv_model_info_get(lss[0]->lm->m)->n_vocab;
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_geti(L, 2, i);
+        int ok = 0;
+        lua_Integer id = lua_tointegerx(L, -1, &ok);
+        lua_pop(L, 1);
+        if (!ok || id < 0 || id >= n_vocab)
+            luaL_error(L, "decode_batch: token id at index %I out of range [0, %d)", (LUAI_UACINT)i, n_vocab);
+        ids[i - 1] = (int32_t)id;
+    }
+    if ((size_t)n_vocab > SIZE_MAX / sizeof(float) / (size_t)n) luaL_error(L, "decode_batch: too many logits");
+    lua_createtable(L, (int)n, 0);
+    const int out_t = lua_gettop(L);
+    float *out = lua_newuserdatauv(L, (size_t)n * (size_t)n_vocab * sizeof(float), 0);
+    kv_error e = {{0}};
+    if (kv_model_check_file(lss[0]->lm->m, &e) != KV_OK) return l_fail(L, e.msg);
+    for (lua_Integer i = 0; i < n; i++) l_cache_before_eval(L, lss[i]->lc);
+    double t0 = l_now();
+    kv_status st = kv_decode_batch(ss, ids, (size_t)n, out, &e);
+    double dt = l_now() - t0;
+    for (lua_Integer i = 0; i < n; i++) l_cache_after_eval(L, lss[i]->lc);
+    if (st != KV_OK) return l_fail(L, e.msg);
+    for (lua_Integer i = 1; i <= n; i++) {
+        float *dst = l_logits_push(L, n_vocab, 1);
+        memcpy(dst, out + (size_t)(i - 1) * n_vocab, (size_t)n_vocab * sizeof(float));
+        lua_pushvalue(L, -1); /* the session remembers its last logits */
+        lua_setiuservalue(L, base + 2 * (int)i - 1, 2);
+        lua_rawseti(L, out_t, i);
+        l_session_count(lss[i - 1], 1, dt, 1);
+    }
+    lua_pushvalue(L, out_t);
+    return 1;
+}
+
 static const luaL_Reg l_funcs[] = {
     {"load", l_load},
     {"cache", l_cache_new},
@@ -1033,38 +1208,45 @@ static const luaL_Reg l_funcs[] = {
 };
 
 static void l_new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction index,
-                        lua_CFunction gc, lua_CFunction tostring) {
+                        lua_CFunction close, lua_CFunction gc, lua_CFunction tostring) {
     luaL_newmetatable(L, name);
     lua_newtable(L);
     luaL_setfuncs(L, methods, 0);
     lua_setfield(L, -2, "__methods");
     lua_pushcfunction(L, index), lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, gc), lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, gc), lua_setfield(L, -2, "__close");
+    lua_pushcfunction(L, close), lua_setfield(L, -2, "__close");
     lua_pushcfunction(L, tostring), lua_setfield(L, -2, "__tostring");
     lua_pushstring(L, name), lua_setfield(L, -2, "__name");
     lua_pop(L, 1);
 }
 
-/* Installs a method written in Lua (luamod/kvlua/<module>.lua returns the
- * function) into a class; a missing module leaves the method out. */
-static void l_lua_method(lua_State *L, const char *cls, const char *method, const char *module) {
+/* Installs s:generate: luamod/kvlua/generate.lua returns a function that,
+ * given the vocabulary helpers of a session (l_session_vocab), returns the
+ * method. A missing module leaves the method out. */
+static void l_install_generate(lua_State *L) {
     lua_getglobal(L, "require");
-    lua_pushstring(L, module);
+    lua_pushliteral(L, "kvlua.generate");
     if (lua_pcall(L, 1, 1, 0) != LUA_OK || !lua_isfunction(L, -1)) {
         lua_pop(L, 1);
         return;
     }
-    luaL_getmetatable(L, cls);
+    luaL_newlib(L, l_session_vocab);
+    lua_call(L, 1, 1);
+    luaL_getmetatable(L, L_SESSION);
     lua_getfield(L, -1, "__methods");
     lua_pushvalue(L, -3);
-    lua_setfield(L, -2, method);
+    lua_setfield(L, -2, "generate");
     lua_pop(L, 3);
 }
 
 int luaopen_kvlua(lua_State *L) {
-    l_new_class(L, L_MODEL, l_model_methods, l_model_index, l_model_gc, l_model_tostring);
-    l_new_class(L, L_SESSION, l_session_methods, l_session_index, l_session_gc, l_session_tostring);
+    luaL_newmetatable(L, L_GUARD);
+    lua_pushcfunction(L, l_guard_close), lua_setfield(L, -2, "__close");
+    lua_pop(L, 1);
+    l_new_class(L, L_MODEL, l_model_methods, l_model_index, l_model_close, l_model_gc, l_model_tostring);
+    l_new_class(L, L_SESSION, l_session_methods, l_session_index, l_session_close, l_session_gc,
+                l_session_tostring);
     luaL_getmetatable(L, L_SESSION);
     lua_pushcfunction(L, l_session_newindex);
     lua_setfield(L, -2, "__newindex");
@@ -1079,6 +1261,6 @@ int luaopen_kvlua(lua_State *L) {
     lua_pushvalue(L, -2);
     lua_setfield(L, -2, "kvlua");
     lua_pop(L, 1);
-    l_lua_method(L, L_SESSION, "generate", "kvlua.generate");
+    l_install_generate(L);
     return 1;
 }

@@ -11,7 +11,9 @@
  * (user value 1, and the model's engine object counts it as a user); a
  * session drawing from a Cache keeps the Cache alive. c:close() drops the
  * owner's reference: sessions still using the pool keep it (and its
- * policy) working; new sessions cannot use a closed Cache.
+ * policy) working; new sessions cannot use a closed Cache. Methods mark
+ * the Cache busy (user value 2 is its guard), so a close from a finalizer
+ * in the middle of one takes effect when it returns.
  *
  * The policy contract. When a session needs pages and the cache has no free
  * page left (before the forward pass of a chunk, never during it), the
@@ -43,8 +45,10 @@
 
 /* A type name at the top of the stack (raises for anything else). */
 static int l_type_name(lua_State *L, const char *field) {
-    const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    size_t len = 0;
+    const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
     if (!s) luaL_error(L, "option '%s': a type must be a string (f16, f32, q8_0, q4_0)", field);
+    if (strlen(s) != len) luaL_error(L, "option '%s' contains a NUL byte", field);
     int t = !strcmp(s, "f16") ? KV_TYPE_F16 : !strcmp(s, "f32") ? KV_TYPE_F32 : !strcmp(s, "q8_0") ? KV_TYPE_Q8_0
           : !strcmp(s, "q4_0") ? KV_TYPE_Q4_0 : -1;
     if (t < 0) luaL_error(L, "unknown KV cache type \"%s\" (f16, f32, q8_0, q4_0)", s);
@@ -157,12 +161,30 @@ static int32_t *l_ids(lua_State *L, int idx, size_t *n) {
     return ids;
 }
 
+#define L_CACHE_GUARD 2
+
 static l_cache *l_cache_any(lua_State *L, int idx) { return luaL_checkudata(L, idx, L_CACHE); }
 
 l_cache *l_cache_check(lua_State *L, int idx) {
     l_cache *lc = l_cache_any(L, idx);
-    if (!lc->c) luaL_error(L, "attempt to use a closed cache");
+    if (lc->o.closed || !lc->c) luaL_error(L, "attempt to use a closed cache");
     return lc;
+}
+
+/* The start of every method: self an open Cache, busy until it returns. */
+static l_cache *l_cache_enter(lua_State *L) {
+    l_cache *lc = l_cache_check(L, 1);
+    l_busy(L, &lc->o, L_CACHE_GUARD);
+    return lc;
+}
+
+/* Drops the owner's reference once closed and idle (sessions keep the pool). */
+static void l_cache_release(l_obj *o) {
+    l_cache *lc = (l_cache *)o;
+    if (!o->closed || o->busy || !lc->c) return;
+    kv_cache *c = lc->c;
+    lc->c = NULL;
+    kv_cache_close(c);
 }
 
 static void l_not_in_policy(lua_State *L, const l_cache *lc) {
@@ -295,11 +317,14 @@ int l_cache_new(lua_State *L) {
     if (pol != LUA_TNIL && pol != LUA_TFUNCTION) luaL_error(L, "option 'policy' must be a function");
     lua_pop(L, 1);
 
-    l_cache *lc = lua_newuserdatauv(L, sizeof *lc, 1); /* born closed; user value 1: the model */
+    l_cache *lc = lua_newuserdatauv(L, sizeof *lc, 2); /* born closed; user values: 1 the model, 2 the guard */
     memset(lc, 0, sizeof *lc);
+    lc->o.closed = 1;
+    lc->o.release = l_cache_release;
     lc->policy_ref = LUA_NOREF;
     luaL_setmetatable(L, L_CACHE);
     int ud = lua_gettop(L);
+    l_guard_new(L, &lc->o, ud, L_CACHE_GUARD);
     kv_model *m = l_model_hold(L, 1, &lc->owner); /* raises for a closed model */
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, ud, 1);
@@ -311,6 +336,7 @@ int l_cache_new(lua_State *L) {
         return 2; /* the userdata, closed, is collected later and releases the model */
     }
     lc->c = lc->eng = c;
+    lc->o.closed = 0;
     if (pol == LUA_TFUNCTION) {
         lua_getfield(L, 2, "policy");
         lc->policy_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -328,7 +354,7 @@ static void l_set_int(lua_State *L, const char *k, lua_Integer v) {
 }
 
 static int l_cache_stats(lua_State *L) {
-    l_cache *lc = l_cache_check(L, 1);
+    l_cache *lc = l_cache_enter(L);
     kv_cache_stats st;
     kv_cache_get_stats(lc->c, &st);
     lua_createtable(L, 0, 12);
@@ -349,7 +375,7 @@ static int l_cache_stats(lua_State *L) {
 }
 
 static int l_cache_lookup(lua_State *L) {
-    l_cache *lc = l_cache_check(L, 1);
+    l_cache *lc = l_cache_enter(L);
     size_t n;
     const int32_t *ids = l_ids(L, 2, &n);
     int64_t cached = 0;
@@ -371,7 +397,7 @@ static int l_cache_lookup(lua_State *L) {
 }
 
 static int l_cache_pin_common(lua_State *L, bool pin) {
-    l_cache *lc = l_cache_check(L, 1);
+    l_cache *lc = l_cache_enter(L);
     l_not_in_policy(L, lc);
     size_t n;
     const int32_t *ids = l_ids(L, 2, &n);
@@ -391,7 +417,7 @@ static int l_cache_pin(lua_State *L) { return l_cache_pin_common(L, true); }
 static int l_cache_unpin(lua_State *L) { return l_cache_pin_common(L, false); }
 
 static int l_cache_clear(lua_State *L) {
-    l_cache *lc = l_cache_check(L, 1);
+    l_cache *lc = l_cache_enter(L);
     l_not_in_policy(L, lc);
     lua_pushinteger(L, (lua_Integer)kv_cache_clear(lc->c));
     return 1;
@@ -399,19 +425,14 @@ static int l_cache_clear(lua_State *L) {
 
 /* close / __close: drops the owner's reference (sessions keep the pool). */
 static int l_cache_close(lua_State *L) {
-    l_cache *lc = l_cache_any(L, 1);
-    if (lc->c) {
-        kv_cache *c = lc->c;
-        lc->c = NULL;
-        kv_cache_close(c);
-    }
+    l_obj_close(&l_cache_any(L, 1)->o);
     return 0;
 }
 
 /* __gc: nothing references the Cache any more (no session either). */
 static int l_cache_gc(lua_State *L) {
     l_cache *lc = l_cache_any(L, 1);
-    l_cache_close(L);
+    l_obj_finalize(&lc->o);
     if (lc->policy_ref != LUA_NOREF) {
         luaL_unref(L, LUA_REGISTRYINDEX, lc->policy_ref);
         lc->policy_ref = LUA_NOREF;
@@ -426,10 +447,11 @@ static int l_cache_gc(lua_State *L) {
 
 static int l_cache_tostring(lua_State *L) {
     l_cache *lc = l_cache_any(L, 1);
-    if (!lc->c) {
+    if (lc->o.closed || !lc->c) {
         lua_pushstring(L, "kvlua.Cache (closed)");
         return 1;
     }
+    l_busy(L, &lc->o, L_CACHE_GUARD);
     kv_cache_stats st;
     kv_cache_get_stats(lc->c, &st);
     lua_pushfstring(L, "kvlua.Cache (%I pages: %I used, %I cached)", (lua_Integer)st.pages, (lua_Integer)st.used,
@@ -440,7 +462,8 @@ static int l_cache_tostring(lua_State *L) {
 static int l_cache_index(lua_State *L) {
     l_cache *lc = l_cache_any(L, 1);
     const char *k = lua_tostring(L, 2);
-    if (k && lc->c && (!strcmp(k, "page_tokens") || !strcmp(k, "ktype") || !strcmp(k, "vtype"))) {
+    if (k && lc->c && !lc->o.closed && (!strcmp(k, "page_tokens") || !strcmp(k, "ktype") || !strcmp(k, "vtype"))) {
+        l_busy(L, &lc->o, L_CACHE_GUARD);
         if (k[0] == 'p') {
             lua_pushinteger(L, kv_cache_page_tokens(lc->c));
         } else {

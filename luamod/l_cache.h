@@ -7,11 +7,13 @@
 #include <lua.h>
 
 #include "kvlua.h"
+#include "l_obj.h"
 
 #define L_CACHE "kvlua.Cache"
 
 typedef struct {
-    kv_cache *c;       /* the owner's reference; NULL once closed */
+    l_obj o;           /* closed / busy (a method in progress defers the close) */
+    kv_cache *c;       /* the owner's reference; NULL once released */
     kv_cache *eng;     /* the engine cache (alive while sessions use it, even closed) */
     void *owner;       /* the model's binding object (released when the cache is collected) */
     int policy_ref;    /* registry reference of the policy function, or LUA_NOREF */

@@ -535,16 +535,22 @@ static int l_set(lua_State *L)
     return 1;
 }
 
-/* l:scale(f): x *= f for every entry (f > 0 and finite; masks stay -inf) */
+/* l:scale(f [, shift=0]): x = (x - shift) * f for every entry, computed in
+   double (f > 0 and finite, shift finite; masks stay -inf). A result past
+   the float range becomes +-inf: with shift = the max, only -inf (masked),
+   so a tiny temperature reads as its limit, the argmax. */
 static int l_scale(lua_State *L)
 {
     LLogits *lg = l_check1(L, 1);
     double f = l_checkfinite(L, 2, "scale factor");
     if (!(f > 0))
         luaL_argerror(L, 2, "scale factor must be > 0");
-    float ff = (float)f;
-    for (int i = 0; i < lg->n; i++)
-        lg->data[i] *= ff;
+    double shift = lua_isnoneornil(L, 3) ? 0.0 : l_checkfinite(L, 3, "shift");
+    for (int i = 0; i < lg->n; i++) {
+        if (!(lg->data[i] > -INFINITY)) continue; /* masked (or NaN) */
+        double v = ((double)lg->data[i] - shift) * f;
+        lg->data[i] = v < -FLT_MAX ? -INFINITY : v > FLT_MAX ? INFINITY : (float)v;
+    }
     l_invalidate(lg);
     lua_settop(L, 1);
     return 1;

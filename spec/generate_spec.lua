@@ -319,12 +319,10 @@ describe("misuse raises", function()
     end)
   end)
 
-  it("a session without logits and no prompt", function()
+  it("an empty session and no prompt (a rewound one continues: see audit_spec)", function()
     local s = assert(model:session { ctx = 16 })
-    assert.has_error(function() s:generate { max_tokens = 2 } end)
-    s:prefill({ 1, 5 })
-    s:rewind(1) -- the remembered logits no longer match: gone
-    assert.has_error(function() s:generate { max_tokens = 2 } end)
+    assert.has_error(function() s:generate { max_tokens = 2 } end, "generate: nothing to continue from (the prompt is empty and so is the session)")
+    assert.has_error(function() s:generate { prompt = {}, max_tokens = 2 } end)
   end)
 
   it("a prompt with ids out of range", function()

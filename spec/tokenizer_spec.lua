@@ -1,10 +1,10 @@
 -- The tokenizer through the Lua API: llama.cpp's own test vectors
--- (../shared/conformance/tokenizer), special tokens, BOS/EOS, pieces and
+-- (tests/data/vocab), special tokens, BOS/EOS, pieces and
 -- round trips on the real models.
 local kvlua = require "kvlua"
 local models = require "spec.support.models"
 
-local dir = models.conformance .. "/tokenizer"
+local dir = models.vocab_dir
 
 local function read(path)
   local f = io.open(path, "rb")

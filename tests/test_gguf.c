@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -949,6 +950,23 @@ static void open_files(void) {
     s = kv_gguf_open("tests", &g, &e);
     report(s == KV_ERR_IO && g == NULL && strstr(e.msg, "not a regular file"), "open a directory", "%s", e.msg);
 
+    /* a FIFO with no writer: refused at once (alarm: a blocking open kills the test) */
+    char fifo[] = "/tmp/kvlua_test_fifo_XXXXXX";
+    int ffd = mkstemp(fifo);
+    if (ffd >= 0) {
+        close(ffd);
+        unlink(fifo);
+    }
+    if (ffd >= 0 && mkfifo(fifo, 0600) == 0) {
+        alarm(20);
+        s = kv_gguf_open(fifo, &g, &e);
+        alarm(0);
+        report(s == KV_ERR_IO && g == NULL && strstr(e.msg, "not a regular file"), "open a FIFO", "%s", e.msg);
+        unlink(fifo);
+    } else {
+        report(false, "open a FIFO", "cannot make a FIFO");
+    }
+
     char path[] = "/tmp/kvlua_test_gguf_XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0) {
@@ -968,6 +986,13 @@ static void open_files(void) {
     char why[KV_ERROR_MAX + 64] = "";
     report(s == KV_OK && check_basic(g, why, sizeof why), "open (mmap) a valid file", "%s %s",
            s ? e.msg : "", why);
+    if (s == KV_OK) {
+        report(kv_gguf_check_file(g, &e) == KV_OK, "the file is intact after open", "%s", e.msg);
+        /* shorter on disk than the mapping: its last pages would fault */
+        report(truncate(path, (off_t)len / 2) == 0 && kv_gguf_check_file(g, &e) == KV_ERR_IO &&
+                   strstr(e.msg, "changed on disk"),
+               "a file truncated after open is noticed", "%s", e.msg);
+    }
     kv_gguf_close(g);
 
     build(C_OFFSET_NOT_ALIGNED, &buf, &len);

@@ -9,7 +9,8 @@
  * and compares the engine's logits with ref_forward(): straightforward
  * double-precision loops over the same weights. Then: prefill vs decode vs
  * logits="all", rewind, context full, bad ids, NaN weights, threads 1 vs 2,
- * every weight type, and the loader's error messages.
+ * every weight type, the loader's error messages, and a file truncated
+ * after loading.
  *
  * Prints one line per check and "N passed, N failed"; exits 1 on failure.
  */
@@ -724,6 +725,32 @@ static void check_loader_errors(void) {
     expect_open_fail("gemma3 without k norm fails naming it", c, KV_ERR_FORMAT, "blk.2.attn_k_norm.weight");
 }
 
+/* ==== the file on disk, limits ========================================================= */
+
+static void check_file_and_limits(void) {
+    cfg c = base_llama();
+    weights w;
+    const char *path = write_model(&c, &w, "file");
+    kv_error e = {{0}};
+    kv_model_params p = {.threads = KV_MAX_THREADS + 1};
+    kv_model *m = NULL;
+    kv_status st = path ? kv_model_open(path, &p, &m, &e) : KV_ERR_IO;
+    report(st == KV_ERR_ARG && m == NULL && strstr(e.msg, "at most 256"), "threads beyond KV_MAX_THREADS refused",
+           "status %d, '%s'", st, e.msg);
+    m = path ? open_model(path, 1, &e) : NULL;
+    report(m != NULL, "file model opens", "%s", e.msg);
+    if (m) {
+        uint64_t b = kv_model_kv_bytes(m, INT64_MAX, KV_TYPE_F32, KV_TYPE_F32);
+        report(b == UINT64_MAX, "kv_bytes saturates instead of wrapping", "%llu", (unsigned long long)b);
+        report(kv_model_check_file(m, &e) == KV_OK, "the model file is intact", "%s", e.msg);
+        st = truncate(path, 100) == 0 ? kv_model_check_file(m, &e) : KV_OK;
+        report(st == KV_ERR_IO && strstr(e.msg, "100 now"), "a model file truncated after load is noticed", "%s",
+               e.msg);
+        kv_model_close(m);
+    }
+    weights_free(&w);
+}
+
 /* ==== main =============================================================== */
 
 /* ==== the paged cache ======================================================== */
@@ -1022,6 +1049,7 @@ int main(void) {
     check_threads();
     check_types();
     check_loader_errors();
+    check_file_and_limits();
     check_pool();
     {
         cfg x = base_llama();

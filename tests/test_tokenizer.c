@@ -3,7 +3,7 @@
  * plus a table of inconsistent vocabularies and the edge cases of pieces,
  * detokenization and streaming UTF-8.
  *
- * Conformance: for every ../shared/conformance/tokenizer/ggml-vocab-*.gguf
+ * Conformance: for every tests/data/vocab/ggml-vocab-*.gguf
  * each input of NAME.gguf.inp (separated by "\n__ggml_vocab_test__\n",
  * read as bytes) must tokenize (no BOS/EOS, no special parsing) to exactly
  * the ids on the matching line of NAME.gguf.out, and detokenize back to the
@@ -23,7 +23,7 @@
 
 #include "check.h"
 
-static const char *CONF_DIR = "../shared/conformance/tokenizer";
+static const char *CONF_DIR = "tests/data/vocab";
 
 /* ==== helpers ============================================================= */
 
@@ -429,18 +429,18 @@ static void spm_pieces(void) {
     kv_gguf_close(g);
 }
 
-/* The data lies beside the repository: ../shared from the repo root. When
- * run from elsewhere, look next to this source file (tests/../../shared). */
+/* ctest runs from the repository root (tests/data/vocab). When run from
+ * elsewhere, look next to this source file (tests/data/vocab). */
 static void find_conf_dir(void) {
     static char buf[1024];
-    FILE *f = fopen("../shared/conformance/tokenizer/ggml-vocab-gpt-2.gguf", "rb");
+    FILE *f = fopen("tests/data/vocab/ggml-vocab-gpt-2.gguf", "rb");
     if (f) {
         fclose(f);
         return;
     }
     const char *slash = strrchr(__FILE__, '/');
     if (!slash) return;
-    snprintf(buf, sizeof buf, "%.*s/../../shared/conformance/tokenizer", (int)(slash - __FILE__), __FILE__);
+    snprintf(buf, sizeof buf, "%.*s/data/vocab", (int)(slash - __FILE__), __FILE__);
     CONF_DIR = buf;
 }
 

@@ -22,9 +22,12 @@
 -- The specs check every renderer against jinja2's output on the real
 -- templates (tests/fixtures/chat_*.lua).
 --
--- Errors: malformed arguments raise; a template with no matching renderer,
--- or a conversation the template itself rejects (e.g. roles that do not
--- alternate), returns nil, message.
+-- Errors: malformed arguments raise (roles and contents must be valid
+-- UTF-8, as for jinja2, whatever the renderer; a closed model raises); a
+-- template with no matching renderer, or a conversation the template
+-- itself rejects (e.g. roles that do not alternate), returns nil, message.
+-- A detect function that raises counts as "no match" for that template;
+-- its error is named if no template matches.
 
 local M = {}
 
@@ -242,14 +245,27 @@ function M.register(name, fn, opts)
   add(name, fn, detect, false)
 end
 
---- chat.detect(template_string) -> name | nil
+--- chat.detect(template_string) -> name | nil [, errors of detectors that raised]
 function M.detect(template)
   if type(template) ~= "string" then error("chat.detect: template string expected", 2) end
+  local failed
   for _, name in ipairs(order) do
     local d = registry[name].detect
-    if d and d(template) then return name end
+    if d then
+      local ok, match = pcall(d, template)
+      if ok and match then return name end
+      if not ok then
+        failed = failed or {}
+        failed[#failed + 1] = ("detect of '%s' raised: %s"):format(name, tostring(match))
+      end
+    end
   end
-  return nil
+  return nil, failed and table.concat(failed, "; ")
+end
+
+-- "unknown chat template (...)" with the errors of detectors that raised.
+local function no_match(what, failed)
+  return "unknown chat template (" .. what .. ")" .. (failed and ("; " .. failed) or "")
 end
 
 --- chat.names() -> array of known template names (lookup order)
@@ -275,13 +291,14 @@ local function check_messages(messages)
     if type(m) ~= "table" then error(("chat.render: message %d must be a table"):format(i), 3) end
     if type(m.role) ~= "string" then error(("chat.render: message %d: role must be a string"):format(i), 3) end
     if type(m.content) ~= "string" then error(("chat.render: message %d: content must be a string"):format(i), 3) end
+    for _, k in ipairs{ "role", "content" } do
+      if not utf8.len(m[k]) then error(("chat.render: message %d: %s is not valid UTF-8"):format(i, k), 3) end
+    end
   end
 end
 
 local function meta(model, key)
-  local ok, v = pcall(model.meta, model, key)
-  if ok then return v end
-  return nil
+  return model:meta(key) -- a closed model raises
 end
 
 -- Text of the special token `which` ("bos"/"eos") of a model: through
@@ -331,8 +348,9 @@ function M.render(model_or_name, messages, opts)
       name = s
     elseif model_or_name:find("{[{%%]") then
       template = model_or_name
-      name = M.detect(template)
-      if not name then return nil, "unknown chat template (no registered template matches it)" end
+      local failed
+      name, failed = M.detect(template)
+      if not name then return nil, no_match("no registered template matches it", failed) end
     else
       return nil, ("unknown chat template '%s'"):format(model_or_name)
     end
@@ -340,8 +358,9 @@ function M.render(model_or_name, messages, opts)
     model = model_or_name
     template = meta(model, "tokenizer.chat_template")
     if type(template) == "string" and template ~= "" then
-      name = M.detect(template)
-      if not name then return nil, "unknown chat template (no registered template matches the model's)" end
+      local failed
+      name, failed = M.detect(template)
+      if not name then return nil, no_match("no registered template matches the model's", failed) end
     else
       template = nil
       local arch = meta(model, "general.architecture")

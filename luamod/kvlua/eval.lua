@@ -23,6 +23,9 @@ function M.perplexity(model, ids, opts)
   local n_batch = opts.batch or 128
   if math.type(n_ctx) ~= "integer" or n_ctx < 4 then error("perplexity: ctx must be an integer >= 4", 2) end
   if math.type(n_batch) ~= "integer" or n_batch < 1 then error("perplexity: batch must be a positive integer", 2) end
+  if opts.chunks ~= nil and (math.type(opts.chunks) ~= "integer" or opts.chunks < 1) then
+    error("perplexity: chunks must be a positive integer", 2)
+  end
   local n_chunk = #ids // n_ctx
   if opts.chunks then n_chunk = math.min(n_chunk, opts.chunks) end
   if n_chunk < 1 then

@@ -1,7 +1,10 @@
 -- kvlua.generate — s:generate{...}: the token loop of a session, in Lua.
 --
 -- Policy lives here (sampling, stop strings, streaming text); the C core
--- runs each forward pass. Installed as the Session method `generate`.
+-- runs each forward pass. The module returns a function that the binding
+-- calls once with the vocabulary helpers of a session (tokenize, piece,
+-- is_eog: they work after model:close(), which a session survives); it
+-- returns the Session method `generate`.
 --
 --   for piece in s:generate{ prompt = "Hello", max_tokens = 64,
 --                            sampler = sampling.chain{...}, stop = {"\n\n"} } do
@@ -11,7 +14,10 @@
 --
 -- Options:
 --   prompt      string (tokenized; BOS added when the session is empty) or an
---               array of ids; optional when the session was already prefilled
+--               array of ids; optional (or empty) when the session already
+--               holds tokens: generation continues from the last one (its
+--               logits are recomputed when the session has none, e.g. after
+--               prefill{logits = "none"} or s:rewind)
 --   max_tokens  tokens to generate at most (default 128)
 --   sampler     an object with :sample(logits) -> id | nil, err and an
 --               optional :accept(id); default greedy
@@ -26,6 +32,11 @@
 -- and never part of a stop string. It ends on EOG, max_tokens, a stop
 -- string or an error; the reason is in s.finish_reason ("eog", "length",
 -- "stop", or "error: <message>") and the generated ids in s.generated.
+--
+-- One live iterator per session: a new s:generate on the same session
+-- invalidates the previous iterator, which raises when called again; so
+-- does any other change of the session's position between two steps
+-- (s:decode, s:prefill, s:rewind).
 
 local kvlua = require "kvlua"
 
@@ -43,6 +54,9 @@ local function check_opts(opts)
   end
   if opts.sampler ~= nil and (type(opts.sampler) ~= "table" and type(opts.sampler) ~= "userdata") then
     error("generate: sampler must be a sampler object", 3)
+  end
+  if opts.prompt ~= nil and type(opts.prompt) ~= "string" and type(opts.prompt) ~= "table" then
+    error("generate: prompt must be a string or an array of token ids", 3)
   end
   return opts
 end
@@ -62,32 +76,41 @@ local function held_back(text, stops)
   return hold
 end
 
-return function(s, opts)
+-- The live iterator of each session (weak keys: a dropped session goes).
+local live = setmetatable({}, { __mode = "k" })
+
+local function generate(vocab, s, opts)
   opts = check_opts(opts)
-  local model = s.model
   local max_tokens = opts.max_tokens or 128
   local stops = opts.stop or {}
   local sampler = opts.sampler
-  local info = {}
   s.finish_reason = nil
 
-  local logits
-  if opts.prompt ~= nil then
-    local ids = opts.prompt
-    if type(ids) == "string" then
-      ids = model:tokenize(ids, { add_special = s.pos == 0, parse_special = true })
-    end
-    local err
+  local ids = opts.prompt
+  if type(ids) == "string" then
+    ids = vocab.tokenize(s, ids, { add_special = s.pos == 0, parse_special = true })
+  end
+  local logits, err
+  if ids ~= nil and #ids > 0 then
     logits, err = s:prefill(ids)
-    if not logits then
-      s.finish_reason = "error: " .. err
-      return function() return nil end
-    end
+  elseif s.pos == 0 then
+    error("generate: nothing to continue from (the prompt is empty and so is the session)", 2)
   else
     logits = s:logits()
-    if not logits then error("generate: the session has no logits yet (pass a prompt or prefill first)", 2) end
+    if not logits then -- none kept: evaluate the last token again
+      local last = s:tokens()[s.pos]
+      s:rewind(1)
+      logits, err = s:prefill({ last })
+    end
+  end
+  if not logits then
+    s.finish_reason = "error: " .. err
+    return function() return nil end
   end
 
+  local me = {}
+  live[s] = me
+  local pos = s.pos    -- where this iterator left the session
   local pending = ""   -- generated text not yet emitted
   local produced = 0
   local done = false
@@ -97,20 +120,29 @@ return function(s, opts)
   local function finish(reason)
     done = true
     s.finish_reason = reason
+    if live[s] == me then live[s] = nil end
   end
 
   return function()
+    if not done then
+      if live[s] ~= me then
+        error("generate: this iterator was replaced by a newer s:generate on the same session", 2)
+      end
+      if s.pos ~= pos then
+        error(("generate: the session moved under this iterator (at %d, left at %d)"):format(s.pos, pos), 2)
+      end
+    end
     while not done do
       if produced >= max_tokens then finish("length"); break end
-      local id, err
+      local id
       if sampler then id, err = sampler:sample(logits) else id = logits:argmax() end
       if not id then finish("error: " .. tostring(err)); break end
       if sampler and sampler.accept then sampler:accept(id) end
       produced = produced + 1
       generated[#generated + 1] = id
       if opts.on_token then opts.on_token(id) end
-      if model:is_eog(id) and not opts.ignore_eog then finish("eog"); break end
-      pending = pending .. model:piece(id, false)
+      if vocab.is_eog(s, id) and not opts.ignore_eog then finish("eog"); break end
+      pending = pending .. vocab.piece(s, id, false)
       -- stop strings
       for _, stop in ipairs(stops) do
         local at = pending:find(stop, 1, true)
@@ -138,6 +170,7 @@ return function(s, opts)
         if not logits and not done then
           finish("error: " .. err)
         end
+        pos = s.pos
       end
       local emit = kvlua.utf8_complete(pending)
       emit = math.min(emit, #pending - held_back(pending, stops))
@@ -154,4 +187,8 @@ return function(s, opts)
     end
     return nil
   end
+end
+
+return function(vocab)
+  return function(s, opts) return generate(vocab, s, opts) end -- a tail call: error levels unchanged
 end

@@ -102,8 +102,8 @@ local function check_int(v, what, lo)
 end
 
 local function check_num(v, what, lo, hi)
-  if type(v) ~= "number" or v ~= v then
-    error(("sampling: %s must be a number, got %s"):format(what, type(v)), 3)
+  if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then
+    error(("sampling: %s must be a finite number, got %s"):format(what, type(v) == "number" and tostring(v) or type(v)), 3)
   end
   if (lo and v < lo) or (hi and v > hi) then
     error(("sampling: %s must be in [%s, %s], got %s"):format(what, tostring(lo), tostring(hi or "inf"), tostring(v)), 3)
@@ -139,11 +139,19 @@ function Stage:accept(id) end
 function Stage:reset() end
 function Stage:__tostring() return "sampling." .. self.name end
 
+-- The argmax of what is left, unless every token is masked (-inf; the
+-- argmax over nothing would be id 0).
+local function best(l)
+  local id = l:argmax()
+  if l:get(id) == -math.huge then return nil, "no candidates: the sampling chain masked every token" end
+  return id
+end
+
 --- greedy(): select the argmax (lowest id among equal maxima).
 function M.greedy()
   return stage("greedy", {
     selects = true,
-    apply = function(_, l) return l:argmax() end,
+    apply = function(_, l) return best(l) end,
   })
 end
 
@@ -189,15 +197,18 @@ end
 M.typical = p_filter("typical", "keep_typical")
 
 --- temperature(t): divide logits by t; t == 0 keeps only the argmax.
+--- Computed as (x - max) / t, the same distribution as x / t, so a tiny t
+--- tends to the argmax instead of overflowing.
 function M.temperature(t)
   check_num(t, "temperature", 0)
   return stage("temperature", {
     mutates = t ~= 1,
     apply = function(_, l)
-      if t == 0 then
+      if t == 0 or 1 / t == math.huge then
         l:keep_top_k(1)
       elseif t ~= 1 then
-        l:scale(1 / t)
+        local max = l:get(l:argmax())
+        if max > -math.huge then l:scale(1 / t, max) end
       end
     end,
   })
@@ -264,6 +275,7 @@ end
 local Chain = {}
 Chain.__index = Chain
 
+
 local function as_stage(v, i)
   if type(v) == "function" then
     return stage("function", { mutates = true, apply = function(_, l) return v(l) end })
@@ -299,8 +311,7 @@ function Chain:sample(l)
       return r
     end
   end
-  local id = work:argmax()
-  return id
+  return best(work)
 end
 
 --- s:accept(id): record a generated (or prompt) token for penalty stages.

@@ -20,7 +20,7 @@ Templates:
   mistral   Mistral-7B-Instruct-v0.1/v0.2 tokenizer_config.json
   qwen2     Qwen2-7B-Instruct tokenizer_config.json
   phi3      tokenizer.chat_template of the Phi-3 vocab GGUF in the tokenizer
-            conformance set (../shared/conformance/tokenizer)
+            conformance set (tests/data/vocab)
   phi3_small Phi-3-small-8k-instruct tokenizer_config.json
 
 bos/eos strings come from the GGUF token tables where a GGUF is used, else
@@ -38,7 +38,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "fixtures")
-CONFORMANCE = os.path.join(ROOT, "..", "shared", "conformance", "tokenizer")
+CONFORMANCE = os.path.join(ROOT, "tests", "data", "vocab")
 
 # ---------------------------------------------------------------------------
 # Canonical templates (tokenizer_config.json "chat_template" values, decoded)

@@ -11,7 +11,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_ref import RefVocab  # noqa: E402
 
-CONF = "../shared/conformance/tokenizer"
+CONF = "tests/data/vocab"
 
 TEXTS = [
     b"\xff", b"a\xffb", b"\x80\x80", b"\xc3", b"\xc3(", b"\xe2\x82", b"\xf0\x9f\x98", b"\xed\xa0\x80",

@@ -43,7 +43,8 @@
 --       -> a writer holding a valid llama-architecture model with random F32
 --       weights (deterministic in seed; norms are 1). tokens defaults to
 --       n_vocab generated pieces; meta = { {key, type, value}, ... } adds or
---       overrides kvs (same key: the given one replaces the default).
+--       overrides kvs (same key: the given one replaces the default; an
+--       array is {key, "array", {elem_type, list}}).
 local W = {}
 W.__index = W
 
@@ -297,7 +298,13 @@ function W.tiny_llama(o)
   end
   for _, a in ipairs(arrays) do
     local x = override[a[1]]
-    if x then w:kv(x[1], x[2], x[3]) else w:arr(a[1], a[2], a[3]) end
+    if not x then
+      w:arr(a[1], a[2], a[3])
+    elseif x[2] == "array" then
+      w:arr(x[1], x[3][1], x[3][2])
+    else
+      w:kv(x[1], x[2], x[3])
+    end
     done[a[1]] = true
   end
   for _, m in ipairs(o.meta or {}) do

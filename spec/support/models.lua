@@ -17,7 +17,7 @@ function M.path(name)
   return cache[name] or nil, "could not fetch model " .. name
 end
 
--- Conformance data lives beside the project (../shared/conformance).
-M.conformance = "../shared/conformance"
+-- llama.cpp's tokenizer vocabularies and test vectors (tests/data/vocab).
+M.vocab_dir = "tests/data/vocab"
 
 return M
