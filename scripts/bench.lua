@@ -16,7 +16,7 @@
 local usage = [[
 usage: lua5.4 scripts/bench.lua [--model PATH] [--threads N] [--reps N]
                                 [--decode N] [--prefill 128,512] [--depth 16,512,1792]
-                                [--kv f16|q8_0|f32|f16,q8_0] [--plot FILE] [--json]
+                                [--kv f16|q8_0|q4_0|f32|q8_0/q4_0|f16,q8_0] [--plot FILE] [--json]
 ]]
 local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
 local o = common.parse(arg, {
@@ -32,9 +32,16 @@ local function list(s)
   return t
 end
 
+-- each --kv entry: a type for K and V, "K/V" (e.g. q8_0/q4_0), or
+-- "K/V" with per-layer lists joined by + ("q4_0+0=f16+1=f16/q4_0")
 local kv_types = {}
 for t in o.kv:gmatch("[^,%s]+") do kv_types[#kv_types + 1] = t end
-if #kv_types == 0 then common.die("option --kv needs a type (f16, q8_0, f32)") end
+if #kv_types == 0 then common.die("option --kv needs a type (f16, q8_0, q4_0, f32)") end
+local function kv_pair(spec)
+  local k, v = spec:match("^([^/]+)/([^/]+)$")
+  k, v = k or spec, v or spec
+  return common.kv_types((k:gsub("%+", ","))), common.kv_types((v:gsub("%+", ",")))
+end
 
 -- Lua has no wall clock finer than a second: timings come from the
 -- session's stats, taken with a monotonic clock around each forward pass.
@@ -95,10 +102,11 @@ end
 
 local runs = {}
 for i, kv in ipairs(kv_types) do
-  local s, err = model:session { ctx = ctx, ktype = kv, vtype = kv }
+  local kt, vt = kv_pair(kv)
+  local s, err = model:session { ctx = ctx, ktype = kt, vtype = vt }
   if not s then common.die(err) end
   runs[i] = { kv = kv, s = s, prefill = {}, decode = {}, ttft_ms = {}, itl = {},
-    kv_bytes = model:kv_bytes { ctx = ctx, ktype = kv, vtype = kv } }
+    kv_bytes = model:kv_bytes { ctx = ctx, ktype = kt, vtype = vt } }
   -- warm-up (page in the weights)
   s:prefill(ids(32, 7))
   s:rewind(s.pos)

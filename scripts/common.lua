@@ -127,6 +127,26 @@ function M.jsonl_input(path, what, shard, on_error)
   return reader
 end
 
+-- K/V storage types from the command line: "q8_0" -> "q8_0";
+-- "q4_0,0=f16,1=f16" -> { default = "q4_0", [0] = "f16", [1] = "f16" }
+-- (0-based layers), the form model:session{ ktype = } takes.
+function M.kv_types(spec)
+  if not spec:find(",", 1, true) then return spec end
+  local t = {}
+  for item in spec:gmatch("[^,]+") do
+    local layer, ty = item:match("^%s*(%d+)%s*=%s*(%S+)%s*$")
+    if layer then
+      t[math.tointeger(tonumber(layer))] = ty
+    elseif not t.default then
+      t.default = item:match("^%s*(.-)%s*$")
+    else
+      M.die("bad K/V type list '" .. spec .. "' (a default, then layer=type items)")
+    end
+  end
+  if not t.default then M.die("K/V type list '" .. spec .. "' needs a default type first") end
+  return t
+end
+
 -- Peak resident set size of this process in bytes (Linux), or nil.
 function M.peak_rss()
   local f = io.open("/proc/self/status")

@@ -14,7 +14,9 @@ local M = {}
 
 -- opts: ctx (512), batch (tokens per forward pass, bounds the logits
 -- buffer; 128), chunks (at most this many; all by default), session (reuse
--- one of at least ctx tokens), progress = function(chunk, n_chunk, ppl_so_far).
+-- one of at least ctx tokens), ktype / vtype (the K/V storage of the session
+-- it opens: a name or a per-layer table, as model:session takes),
+-- progress = function(chunk, n_chunk, ppl_so_far).
 -- Returns {ppl=, nll=, count=, chunks={{nll=, ppl=, ppl_cumulative=}, ...}}
 -- or nil, message.
 function M.perplexity(model, ids, opts)
@@ -35,7 +37,7 @@ function M.perplexity(model, ids, opts)
   local s = opts.session
   if not s then
     local err
-    s, err = model:session { ctx = n_ctx }
+    s, err = model:session { ctx = n_ctx, ktype = opts.ktype, vtype = opts.vtype }
     if not s then return nil, err end
   end
   local first = n_ctx // 2

@@ -58,7 +58,9 @@ def pct(xs, p):
 def bench(path, threads, n_decode, reps=1, prefills=PREFILL_SIZES, depths=DECODE_DEPTHS, kv="f16"):
     t0 = time.perf_counter()
     n_ctx = max(N_CTX, max(depths) + n_decode + 16)
-    ref = refimpl.Ref(path, n_ctx=n_ctx, n_threads=threads, n_batch=N_BATCH, kv_type=kv)
+    quant = kv is not None and any(t.startswith("q") for t in kv.split("/"))
+    ref = refimpl.Ref(path, n_ctx=n_ctx, n_threads=threads, n_batch=N_BATCH, kv_type=kv,
+                      flash_attn=True if quant else None)
     load_s = time.perf_counter() - t0
     toks = prompt_tokens(ref, max(max(prefills), max(depths) + n_decode))
 
@@ -178,8 +180,8 @@ def main():
     ap.add_argument("--depth", default="16,512,1792")
     ap.add_argument("--backend", default="llama-cpp-python", choices=["llama-cpp-python", "xllamacpp"],
                     help="which llama.cpp package to time (default: llama-cpp-python)")
-    ap.add_argument("--kv", default="f16", choices=["f16", "f32", "q8_0"],
-                    help="K/V cache type (llama-cpp-python only)")
+    ap.add_argument("--kv", default="f16",
+                    help="K/V cache type: f16, f32, q8_0, q4_0 or K/V such as q8_0/q4_0 (llama-cpp-python only; quantized types turn flash attention on)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731

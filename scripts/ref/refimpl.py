@@ -82,9 +82,11 @@ class Ref:
         cp.n_threads = n_threads
         cp.n_threads_batch = n_threads
         cp.no_perf = False
-        if kv_type is not None:  # "f16" (default), "f32", "q8_0": the K and V cache type
-            t = {"f32": 0, "f16": 1, "q8_0": 8}[kv_type]
-            cp.type_k = cp.type_v = t
+        if kv_type is not None:  # "f16" (default), "f32", "q8_0", "q4_0", or "K/V" (e.g. "q8_0/q4_0")
+            names = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
+            kt, _, vt = kv_type.partition("/")
+            cp.type_k = names[kt]
+            cp.type_v = names[vt or kt]
         if flash_attn is not None:  # None: llama.cpp's default (auto: on for the CPU)
             cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
