@@ -15,9 +15,7 @@ local models = require "spec.support.models"
 
 -- ==== helpers ================================================================
 
-local function shell_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local shell_quote = require("spec.support.child").quote
 
 -- Runs `lua5.4 scripts/<name> args...`; returns {out=, err=, rc=}.
 local function run(name, args)
