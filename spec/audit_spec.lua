@@ -24,25 +24,10 @@ local chat = require "kvlua.chat"
 local eval = require "kvlua.eval"
 local W = require "spec.support.gguf_writer"
 local tiny = require "spec.support.tiny_models"
+local run_child = require "spec.support.child"
+local child, shell_quote = run_child.run, run_child.quote
 
 -- ==== helpers ================================================================
-
-local function shell_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
--- Runs a Lua chunk in a child lua5.4 (the module found as busted finds it)
--- under `timeout`; returns its stdout and exit status.
-local function child(code, seconds)
-  local build = os.getenv("KVLUA_BUILD") or "build"
-  local prelude = ("package.cpath = %q .. '/?.so;' .. package.cpath; package.path = 'luamod/?.lua;' .. package.path; ")
-    :format(build)
-  local cmd = ("timeout %d lua5.4 -e %s 2>&1 </dev/null"):format(seconds or 30, shell_quote(prelude .. code))
-  local p = assert(io.popen(cmd, "r"))
-  local out = p:read("a")
-  local _, _, rc = p:close()
-  return out, rc
-end
 
 -- Largest |a[i] - b[i]| of two single-row Logits.
 local function max_diff(a, b)
