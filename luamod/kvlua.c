@@ -1207,8 +1207,8 @@ static const luaL_Reg l_funcs[] = {
     {NULL, NULL},
 };
 
-static void l_new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction index,
-                        lua_CFunction close, lua_CFunction gc, lua_CFunction tostring) {
+void l_new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction index,
+                 lua_CFunction close, lua_CFunction gc, lua_CFunction tostring) {
     luaL_newmetatable(L, name);
     lua_newtable(L);
     luaL_setfuncs(L, methods, 0);

@@ -488,14 +488,5 @@ static const luaL_Reg l_cache_methods[] = {
 };
 
 void l_cache_open(lua_State *L) {
-    luaL_newmetatable(L, L_CACHE);
-    lua_newtable(L);
-    luaL_setfuncs(L, l_cache_methods, 0);
-    lua_setfield(L, -2, "__methods");
-    lua_pushcfunction(L, l_cache_index), lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_cache_gc), lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, l_cache_close), lua_setfield(L, -2, "__close");
-    lua_pushcfunction(L, l_cache_tostring), lua_setfield(L, -2, "__tostring");
-    lua_pushstring(L, L_CACHE), lua_setfield(L, -2, "__name");
-    lua_pop(L, 1);
+    l_new_class(L, L_CACHE, l_cache_methods, l_cache_index, l_cache_close, l_cache_gc, l_cache_tostring);
 }

@@ -5,6 +5,7 @@
 #ifndef L_OBJ_H
 #define L_OBJ_H
 
+#include <lauxlib.h>
 #include <lua.h>
 
 typedef struct l_obj l_obj;
@@ -27,5 +28,8 @@ void l_busy(lua_State *L, l_obj *o, int slot);
 void l_obj_close(l_obj *o);
 /* __gc: unreachable, so no call is in progress: frees now. */
 void l_obj_finalize(l_obj *o);
+/* Registers a class: methods (in __methods), __index, __close, __gc, __tostring, __name. */
+void l_new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction index,
+                 lua_CFunction close, lua_CFunction gc, lua_CFunction tostring);
 
 #endif

@@ -35,7 +35,7 @@ for m in $models; do
       ppl=$(lua5.4 scripts/perplexity.lua --model "$path" --file "$t" --chunks "$chunks" --ktype "$k" --vtype "$v" --json --quiet)
       echo "{\"model\":\"$m\",\"cfg\":\"$cfg\",\"text\":\"$t\",\"engine\":\"kvlua\",\"ppl\":$(echo "$ppl" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ppl"])')}" >> "$out"
       if [ "$cfg" != mix ]; then
-        r=$(python3 scripts/ref/ppl_ref.py "$path" --file "$t" --kv "$cfg" --json --ctx 512 2>/dev/null || echo '{"ppl": null}')
+        r=$(python3 scripts/ref/ppl_ref.py "$path" --file "$t" --kv "$cfg" --json --ctx 512 --chunks "$chunks" 2>/dev/null || echo '{"ppl": null}')
         echo "{\"model\":\"$m\",\"cfg\":\"$cfg\",\"text\":\"$t\",\"engine\":\"llama.cpp\",\"ppl\":$(echo "$r" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["ppl"]))')}" >> "$out"
       fi
     done
