@@ -271,8 +271,10 @@ KV_INL __m256 w32_scales8(int WT, const uint8_t *const row[8], size_t o, __m256 
         return _mm256_cvtph_ps(_mm_unpacklo_epi64(a, c));
     }
     __m128i h = _mm_cvtsi32_si128(load_u16(row[0] + o));
-#pragma GCC unroll 8
-    for (int k = 1; k < 8; k++) h = _mm_insert_epi16(h, load_u16(row[k] + o), k);
+    h = _mm_insert_epi16(h, load_u16(row[1] + o), 1), h = _mm_insert_epi16(h, load_u16(row[2] + o), 2);
+    h = _mm_insert_epi16(h, load_u16(row[3] + o), 3), h = _mm_insert_epi16(h, load_u16(row[4] + o), 4);
+    h = _mm_insert_epi16(h, load_u16(row[5] + o), 5), h = _mm_insert_epi16(h, load_u16(row[6] + o), 6);
+    h = _mm_insert_epi16(h, load_u16(row[7] + o), 7);
     *m = _mm256_setzero_ps();
     return _mm256_cvtph_ps(h);
 }
