@@ -54,7 +54,10 @@ const char *kv_simd_name(void);
  *   y: (T, rows) float, row stride ldy (>= rows)
  * Work is split over the pool's threads; for T > 1 weight blocks are reused
  * across several tokens (the prefill path). scratch must hold
- * kv_matmul_scratch_size(wtype, K, T) bytes (quantized activations). */
+ * kv_matmul_scratch_size(wtype, K, T) bytes (quantized activations).
+ * Batch invariant: y[t] depends on x[t] and W only, bit for bit, whatever T,
+ * t's place in the batch and the thread count (one-token decode and the
+ * tiled prefill sum in the same order); it may differ between SIMD levels. */
 size_t kv_matmul_scratch_size(int wtype, int64_t K, int64_t T);
 void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
                const float *x, int64_t T, float *y, int64_t ldy, void *scratch);
