@@ -221,6 +221,7 @@ static void stream_free(kvf_stream *s) {
 kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, kv_error *e) {
     if (!s || !path) return kv_fail(e, KV_ERR_ARG, "save: session or path is NULL");
     if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "save: libsodium failed to initialize");
+    if (s->m->be.pages_grow) return kv_fail(e, KV_ERR_UNSUPPORTED, "save: session files are not supported on OpenCL yet");
     const kv_cache *c = s->kv->pool;
     uint8_t fp[32];
     kv_status st = kv_model_fingerprint(s->m, fp, NULL, e);
@@ -301,6 +302,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     *out = NULL;
     if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "restore: libsodium failed to initialize");
     if (!m->info.has_weights) return kv_fail(e, KV_ERR_ARG, "restore: the model has no weights");
+    if (m->be.pages_grow) return kv_fail(e, KV_ERR_UNSUPPORTED, "restore: session files are not supported on OpenCL yet");
     uint8_t pre[16];
     if (fread(pre, 16, 1, f) != 1 || memcmp(pre, KVF_MAGIC, 8) != 0)
         return kv_fail(e, KV_ERR_FORMAT, "kv file: not a kvlua session file (bad magic)");

@@ -89,7 +89,7 @@ local reader, err = jsonl.open(o.file, {
 if not reader then common.die("cannot read " .. err) end
 if reader.lines == 0 then common.die(o.file .. ": the file is empty (one JSON object per line expected)") end
 
-local model = common.load(common.model_path(o.model), o.threads)
+local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
 
 local out = io.stdout
 if o.output ~= "" then
