@@ -119,6 +119,9 @@ struct kv_backend {
     kv_status (*pages_grow)(kv_backend *b, kv_cache *c, int g, int32_t n_pages, kv_error *e);
     /* Copies page src into page dst (both of group g). */
     void (*pages_copy)(kv_backend *b, kv_cache *c, int g, int32_t dst, int32_t src);
+    /* Copies every row of page id (group g) between the device and the
+     * pool's host slab (kv_pool_row), for session files. Waits. */
+    kv_status (*page_sync)(kv_backend *b, kv_cache *c, int g, int32_t id, bool to_device, kv_error *e);
     void (*close)(kv_backend *b);
 };
 

@@ -221,7 +221,6 @@ static void stream_free(kvf_stream *s) {
 kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, kv_error *e) {
     if (!s || !path) return kv_fail(e, KV_ERR_ARG, "save: session or path is NULL");
     if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "save: libsodium failed to initialize");
-    if (s->m->be.pages_grow) return kv_fail(e, KV_ERR_UNSUPPORTED, "save: session files are not supported on OpenCL yet");
     const kv_cache *c = s->kv->pool;
     uint8_t fp[32];
     kv_status st = kv_model_fingerprint(s->m, fp, NULL, e);
@@ -265,6 +264,8 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
             for (int lp = 0; lp < s->kv->n_lp && !w.st; lp++) {
                 int32_t id = s->kv->tab[g][lp];
                 if (id < 0) continue;
+                kv_backend *be = &s->m->be;
+                if (be->page_sync && (w.st = be->page_sync(be, (kv_cache *)c, g, id, false, e))) break;
                 w_u32(&w, (uint32_t)g);
                 w_u32(&w, (uint32_t)lp);
                 for (int li = 0; li < c->groups[g].n_layers; li++)
@@ -302,7 +303,6 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     *out = NULL;
     if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "restore: libsodium failed to initialize");
     if (!m->info.has_weights) return kv_fail(e, KV_ERR_ARG, "restore: the model has no weights");
-    if (m->be.pages_grow) return kv_fail(e, KV_ERR_UNSUPPORTED, "restore: session files are not supported on OpenCL yet");
     uint8_t pre[16];
     if (fread(pre, 16, 1, f) != 1 || memcmp(pre, KVF_MAGIC, 8) != 0)
         return kv_fail(e, KV_ERR_FORMAT, "kv file: not a kvlua session file (bad magic)");
@@ -408,6 +408,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
                 r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, false), (size_t)pt * pool->krows[il]);
                 r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, true), (size_t)pt * pool->vrows[il]);
             }
+        if (!r.st && m->be.page_sync) r.st = m->be.page_sync(&m->be, pool, (int)g, id, true, e);
     }
     if ((st = r.st) || (st = r_end(&r))) goto done;
     s->pos = (int)n_tokens;

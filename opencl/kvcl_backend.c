@@ -24,8 +24,9 @@
  *
  * Errors: the first failing op is kept (status hook) and every later op is
  * skipped; the session reports it, and the model stays unusable (the
- * context is marked failed too). Not done here yet: K/V pages in Q4_0
- * (refused when the cache is created) and session files (kvfile.c refuses).
+ * context is marked failed too). Session files go through the pool's host
+ * slabs (page_sync copies a page's rows there and back). Not done here
+ * yet: K/V pages in Q4_0 (refused when the cache is created).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -426,6 +427,25 @@ static void cl_pages_copy(kv_backend *b, kv_cache *c, int g, int32_t dst, int32_
     keep(S, st, &e);
 }
 
+static kv_status cl_page_sync(kv_backend *b, kv_cache *c, int g, int32_t id, bool to_device, kv_error *e) {
+    cl_state *S = b->ctx;
+    cl_pool *D = c->dev;
+    const kv_group *G = &c->groups[g];
+    if (!D || !D->k[g] || id < 0 || id >= D->P[g])
+        return kv_fail(e, KV_ERR_DEVICE, "opencl backend: page %d of group %d is not on the device", id, g);
+    kv_status st = KV_OK;
+    for (int li = 0; st == KV_OK && li < G->n_layers; li++)
+        for (int h = 0; st == KV_OK && h < c->n_kv; h++)
+            for (int v = 0; st == KV_OK && v < 2; v++) {
+                const size_t n = (size_t)c->pt * (v ? c->vrows : c->krows)[G->layer_ids[li]];
+                const size_t off = ((size_t)h * D->P[g] + (size_t)id) * n;
+                kvcl_buf *buf = (v ? D->v : D->k)[g][li];
+                uint8_t *host = kv_pool_row(c, g, id, li, h, 0, v);
+                st = to_device ? kvcl_write(S->c, buf, off, host, n, e) : kvcl_read(S->c, buf, off, host, n, e);
+            }
+    return st;
+}
+
 static void tabs_free(void *p) {
     cl_tabs *T = p;
     for (int g = 0; g < KV_MAX_GROUPS; g++) kvcl_buf_free(T->tab[g]);
@@ -589,7 +609,7 @@ kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e
         .rmsnorm = cl_rmsnorm, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .ffn_act = cl_ffn_act,
         .softcap = cl_softcap, .embed = cl_embed, .kv_store = cl_kv_store, .attention = cl_attention,
         .attn_scratch = cl_attn_scratch, .all_finite = cl_all_finite, .status = cl_status,
-        .pages_grow = cl_pages_grow, .pages_copy = cl_pages_copy, .close = cl_close,
+        .pages_grow = cl_pages_grow, .pages_copy = cl_pages_copy, .page_sync = cl_page_sync, .close = cl_close,
     };
     kvcl_options o = {.device = device};
     kv_status st = kv_backend_cpu_init(&S->cpu, m->pool, e);
