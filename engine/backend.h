@@ -111,7 +111,10 @@ struct kv_backend {
      * stand for device buffers (never dereferenced), so forward.c's pointer
      * arithmetic names offsets inside them; pointers outside those ranges
      * (the caller's logits) are host memory. */
-    /* The first error of a queued op (sticky: the model is unusable after it). */
+    /* The first error of a queued op (sticky: the model is unusable after
+     * it), else KV_ERR_NUMERIC when a finiteness check queued since the last
+     * call failed: a device backend's all_finite on its own buffers queues
+     * the check and returns true, and callers ask status after the pass. */
     kv_status (*status)(kv_backend *b, kv_error *e);
     /* K/V pages in device memory, same row layout as the pool's slabs but
      * one buffer per layer for every page of a group: group g of cache c

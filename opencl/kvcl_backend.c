@@ -67,6 +67,7 @@ typedef struct {
     int32_t pos_shadow[KV_CHUNK];
     int pos_n;                /* positions in pos (0: none yet) */
     kvcl_buf *out;            /* device rows of a matmul into host memory */
+    bool checks;              /* finiteness checks queued since the last status */
     kv_status st;             /* first error (sticky) */
     kv_error err;
 } cl_state;
@@ -321,20 +322,35 @@ static void cl_embed(kv_backend *b, const kv_weight *emb, const int32_t *ids, in
     keep(S, st, &e);
 }
 
+/* Device buffers: the check is queued and answered by the next status
+ * (one wait for every check of a pass); true until then. */
 static bool cl_all_finite(kv_backend *b, const float *x, int64_t n) {
     cl_state *S = b->ctx;
     kvcl_view xv;
     if (!act_of(S, x, &xv)) return S->cpu.all_finite(&S->cpu, x, n);
     if (failed(S)) return true; /* the session reports the kept error */
-    bool ok = true;
     kv_error e;
-    kv_status st = kvcl_all_finite(S->c, xv, n, &ok, &e);
+    kv_status st = S->checks ? KV_OK : kvcl_finite_reset(S->c, &e);
+    if (!st) st = kvcl_finite_check(S->c, xv, n, &e);
+    S->checks = true;
     keep(S, st, &e);
-    return st ? true : ok;
+    return true;
 }
 
+/* The kept device error (sticky), else the answer of the queued
+ * finiteness checks (KV_ERR_NUMERIC once; the model stays usable). */
 static kv_status cl_status(kv_backend *b, kv_error *e) {
     cl_state *S = b->ctx;
+    if (!S->st && S->checks) {
+        bool ok = true;
+        kv_error ke;
+        kv_status st = kvcl_finite_read(S->c, &ok, &ke);
+        S->checks = false;
+        keep(S, st, &ke);
+        if (!st && !ok)
+            return kv_fail(e, KV_ERR_NUMERIC, "eval: non-finite queries, keys, activations or logits on OpenCL "
+                                              "(corrupted weights?)");
+    }
     if (S->st && e) *e = S->err;
     return S->st;
 }
