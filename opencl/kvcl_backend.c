@@ -216,7 +216,10 @@ static void matmul_to_host(cl_state *S, const kvcl_weight *W, kvcl_buf *bias, kv
         kvcl_buf_free(S->out);
         S->out = NULL;
         kv_status st = kvcl_buf_create(S->c, bytes, 1, &S->out, &e);
-        if (st) return keep(S, st, &e);
+        if (st) {
+            keep(S, st, &e);
+            return;
+        }
     }
     kv_status st = kvcl_matmul(S->c, W, bias, x, T, kvcl_at(S->out, 0), ldy, &e);
     size_t n = ((size_t)(T - 1) * (size_t)ldy + (size_t)W->rows) * sizeof(float);
@@ -234,7 +237,10 @@ static void cl_matmul(kv_backend *b, const kv_weight *w, const float *bias, cons
     const kvcl_weight *W = weight_of(S, w);
     kvcl_buf *bb = vec_of(S, bias, &ok);
     if (!W || !ok) return;
-    if (!act_of(S, y, &yv)) return matmul_to_host(S, W, bb, xv, T, y, ldy);
+    if (!act_of(S, y, &yv)) {
+        matmul_to_host(S, W, bb, xv, T, y, ldy);
+        return;
+    }
     kv_error e;
     kv_status st = kvcl_matmul(S->c, W, bb, xv, T, yv, ldy, &e);
     keep(S, st, &e);
@@ -262,7 +268,10 @@ static void cl_rope(kv_backend *b, float *x, int64_t T, int n_head, int head_dim
     if (!ok) return;
     kv_error e;
     kv_status st = KV_OK;
-    if (T > KV_CHUNK) return keep_msg(S, "rope over more tokens than a chunk");
+    if (T > KV_CHUNK) {
+        keep_msg(S, "rope over more tokens than a chunk");
+        return;
+    }
     if (S->pos_n != T || memcmp(S->pos_shadow, pos, (size_t)T * sizeof *pos)) { /* upload when changed */
         st = kvcl_write(S->c, S->pos, 0, pos, (size_t)T * sizeof *pos, &e);
         memcpy(S->pos_shadow, pos, (size_t)T * sizeof *pos);
@@ -302,7 +311,10 @@ static void cl_ffn_act(kv_backend *b, float *gate, const float *up, int64_t n, i
 static void cl_softcap(kv_backend *b, float *x, int64_t n, float cap) {
     cl_state *S = b->ctx;
     kvcl_view xv;
-    if (!act_of(S, x, &xv)) return S->cpu.softcap(&S->cpu, x, n, cap); /* logits on the host */
+    if (!act_of(S, x, &xv)) { /* logits on the host */
+        S->cpu.softcap(&S->cpu, x, n, cap);
+        return;
+    }
     if (failed(S)) return;
     kv_error e;
     kv_status st = kvcl_softcap(S->c, xv, n, cap, &e);
@@ -315,7 +327,10 @@ static void cl_embed(kv_backend *b, const kv_weight *emb, const int32_t *ids, in
     if (failed(S) || !dev_view(S, out, &ov)) return;
     const kvcl_weight *W = weight_of(S, emb);
     if (!W) return;
-    if (T > KV_CHUNK) return keep_msg(S, "embedding more tokens than a chunk");
+    if (T > KV_CHUNK) {
+        keep_msg(S, "embedding more tokens than a chunk");
+        return;
+    }
     kv_error e;
     kv_status st = kvcl_write(S->c, S->ids, 0, ids, (size_t)T * sizeof *ids, &e);
     if (!st) st = kvcl_embed(S->c, W, S->ids, T, ov, &e);
@@ -481,14 +496,20 @@ static bool layer_pages(cl_state *S, kv_kvcache *kv, int layer, kvcl_pages *pg) 
     kv_error e;
     kv_status st = KV_OK;
     if (!kv->dev) {
-        if (!(kv->dev = calloc(1, sizeof(cl_tabs)))) return keep_msg(S, "out of memory"), false;
+        if (!(kv->dev = calloc(1, sizeof(cl_tabs)))) {
+            keep_msg(S, "out of memory");
+            return false;
+        }
         kv->dev_free = tabs_free;
     }
     cl_tabs *T = kv->dev;
     if (!T->tab[g]) st = kvcl_buf_create(S->c, (size_t)kv->n_lp * sizeof(int32_t), 1, &T->tab[g], &e);
     if (!st && c->groups[g].layer_ids[0] == layer)
         st = kvcl_write(S->c, T->tab[g], 0, kv->tab[g], (size_t)kv->n_lp * sizeof(int32_t), &e);
-    if (st) return keep(S, st, &e), false;
+    if (st) {
+        keep(S, st, &e);
+        return false;
+    }
     *pg = (kvcl_pages){
         .k = D->k[g][li], .v = D->v[g][li], .tab = T->tab[g], .pt = c->pt, .max_pages = D->P[g],
         .ktype = c->ktypes[layer], .vtype = c->vtypes[layer],
