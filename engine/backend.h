@@ -62,6 +62,7 @@ typedef struct {
 } kv_attn_params;
 
 typedef struct kv_backend kv_backend;
+typedef struct kv_model kv_model;
 
 struct kv_backend {
     const char *name;
@@ -104,10 +105,36 @@ struct kv_backend {
     size_t (*attn_scratch)(kv_backend *b, const kv_attn_params *ap, int64_t T);
     /* True when every value of x(n) is finite. */
     bool (*all_finite)(kv_backend *b, const float *x, int64_t n);
+
+    /* ---- device backends only (NULL for the CPU) ----
+     * A device backend's alloc hands out reserved host address ranges that
+     * stand for device buffers (never dereferenced), so forward.c's pointer
+     * arithmetic names offsets inside them; pointers outside those ranges
+     * (the caller's logits) are host memory. */
+    /* The first error of a queued op (sticky: the model is unusable after
+     * it), else KV_ERR_NUMERIC when a finiteness check queued since the last
+     * call failed: a device backend's all_finite on its own buffers queues
+     * the check and returns true, and callers ask status after the pass. */
+    kv_status (*status)(kv_backend *b, kv_error *e);
+    /* K/V pages in device memory, same row layout as the pool's slabs but
+     * one buffer per layer for every page of a group: group g of cache c
+     * now has n_pages pages (contents of the existing ones kept). */
+    kv_status (*pages_grow)(kv_backend *b, kv_cache *c, int g, int32_t n_pages, kv_error *e);
+    /* Copies page src into page dst (both of group g). */
+    void (*pages_copy)(kv_backend *b, kv_cache *c, int g, int32_t dst, int32_t src);
+    /* Copies every row of page id (group g) between the device and the
+     * pool's host slab (kv_pool_row), for session files. Waits. */
+    kv_status (*page_sync)(kv_backend *b, kv_cache *c, int g, int32_t id, bool to_device, kv_error *e);
+    void (*close)(kv_backend *b);
 };
 
 /* The CPU backend over a thread pool (not owned). */
 kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e);
 void kv_backend_cpu_free(kv_backend *b);
+
+/* The OpenCL backend on device `device` (kvcl_devices order) for a loaded
+ * model: uploads its weights and norm vectors (opencl/kvcl_backend.c; only
+ * in builds with OpenCL). */
+kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e);
 
 #endif

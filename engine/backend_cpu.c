@@ -1388,6 +1388,7 @@ kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
         .attention = cpu_attention,
         .attn_scratch = cpu_attn_scratch,
         .all_finite = cpu_all_finite,
+        .close = kv_backend_cpu_free,
     };
     return KV_OK;
 }

@@ -64,6 +64,7 @@ void kv_kvcache_free(kv_kvcache *c) {
             if (c->tab[g][i] >= 0) kv_pool_unref(c->pool, g, c->tab[g][i]);
         free(c->tab[g]);
     }
+    if (c->dev) c->dev_free(c->dev);
     if (retained) kv_cache_close(c->pool);
     free(c);
 }

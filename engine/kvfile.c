@@ -264,6 +264,8 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
             for (int lp = 0; lp < s->kv->n_lp && !w.st; lp++) {
                 int32_t id = s->kv->tab[g][lp];
                 if (id < 0) continue;
+                kv_backend *be = &s->m->be;
+                if (be->page_sync && (w.st = be->page_sync(be, (kv_cache *)c, g, id, false, e))) break;
                 w_u32(&w, (uint32_t)g);
                 w_u32(&w, (uint32_t)lp);
                 for (int li = 0; li < c->groups[g].n_layers; li++)
@@ -406,6 +408,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
                 r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, false), (size_t)pt * pool->krows[il]);
                 r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, true), (size_t)pt * pool->vrows[il]);
             }
+        if (!r.st && m->be.page_sync) r.st = m->be.page_sync(&m->be, pool, (int)g, id, true, e);
     }
     if ((st = r.st) || (st = r_end(&r))) goto done;
     s->pos = (int)n_tokens;

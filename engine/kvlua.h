@@ -48,8 +48,14 @@ typedef struct kv_cache kv_cache;
 
 #define KV_MAX_THREADS 256
 
+/* Where the forward pass runs. AUTO: the first OpenCL device of type
+ * "gpu", else the CPU. */
+enum { KV_BACKEND_CPU = 0, KV_BACKEND_OPENCL = 1, KV_BACKEND_AUTO = 2 };
+
 typedef struct {
     int threads; /* CPU threads, at most KV_MAX_THREADS (more: KV_ERR_ARG); <= 0: physical cores */
+    int backend; /* KV_BACKEND_* */
+    int device;  /* OpenCL device index (kvcl_devices order) */
 } kv_model_params;
 
 typedef struct {
@@ -63,6 +69,9 @@ typedef struct {
     uint64_t size_bytes;  /* bytes of tensor data */
     bool has_weights;     /* false for vocabulary-only files */
     int threads;          /* CPU threads in use */
+    char backend[16];     /* "cpu" or "opencl" */
+    char device[128];     /* "cpu", or the OpenCL device's name */
+    int device_index;     /* OpenCL device index, -1 on the CPU */
 } kv_model_info;
 
 kv_status kv_model_open(const char *path, const kv_model_params *p, kv_model **out, kv_error *e);

@@ -187,6 +187,22 @@ static bool group_grow(kv_group *G) {
     return true;
 }
 
+/* A device backend's pages, or NULL: the host slabs are the storage. */
+static kv_backend *device_pages(const kv_cache *c) {
+    kv_backend *be = c->m ? &c->m->be : NULL;
+    return be && be->pages_grow ? be : NULL;
+}
+
+/* One more slab, and the device's pages to match. */
+static kv_status pool_grow(kv_cache *c, int g, const char *what, kv_error *e) {
+    kv_group *G = &c->groups[g];
+    if (!group_grow(G))
+        return kv_fail(e, KV_ERR_NOMEM, "%s: out of memory for %lld pages of %zu bytes", what,
+                       (long long)G->slab_pages, G->page_bytes);
+    kv_backend *be = device_pages(c);
+    return be ? be->pages_grow(be, c, g, G->n_pages, e) : KV_OK;
+}
+
 uint8_t *kv_pool_row(const kv_cache *c, int g, int32_t id, int li, int head, int t, bool v) {
     const kv_group *G = &c->groups[g];
     const int32_t S = G->slab_pages, slot = id % S;
@@ -202,6 +218,11 @@ int32_t kv_pool_slab_room(const kv_cache *c, int g, int32_t id) {
 
 void kv_pool_copy(kv_cache *c, int g, int32_t dst, int32_t src) {
     const kv_group *G = &c->groups[g];
+    kv_backend *be = device_pages(c);
+    if (be) {
+        be->pages_copy(be, c, g, dst, src);
+        return;
+    }
     for (int li = 0; li < G->n_layers; li++)
         for (int h = 0; h < c->n_kv; h++) {
             memcpy(kv_pool_row(c, g, dst, li, h, 0, false), kv_pool_row(c, g, src, li, h, 0, false),
@@ -230,6 +251,7 @@ static void pool_free(kv_cache *c) {
         while (*pp && *pp != c) pp = &(*pp)->next_of_model;
         if (*pp) *pp = c->next_of_model;
     }
+    if (c->dev) c->dev_free(c->dev);
     for (int g = 0; g < c->n_groups; g++) group_free(&c->groups[g]);
     hmap_free(&c->pins);
     free(c->layer_group);
@@ -394,11 +416,7 @@ static kv_status pool_open_shape(kv_model *m, const kv_pool_shape *in, const kv_
             G->voff[li] = off + (size_t)c->n_kv * G->slab_pages * pt * c->krows[il];
             off = G->voff[li] + (size_t)c->n_kv * G->slab_pages * pt * c->vrows[il];
         }
-        if (!group_grow(G)) {
-            st = kv_fail(e, KV_ERR_NOMEM, "cache: out of memory for %lld pages of %zu bytes",
-                         (long long)G->slab_pages, G->page_bytes);
-            goto fail;
-        }
+        if ((st = pool_grow(c, g, "cache", e))) goto fail;
     }
     /* h_0: the model file, the storage types and the page size */
     uint8_t fp[32] = {0};
@@ -423,6 +441,7 @@ static kv_status pool_open_shape(kv_model *m, const kv_pool_shape *in, const kv_
     *out = c;
     return KV_OK;
 fail:
+    if (c->dev) c->dev_free(c->dev);
     for (int g = 0; g < c->n_groups; g++) group_free(&c->groups[g]);
     free(c->layer_group);
     free(c->layer_index);
@@ -585,8 +604,10 @@ kv_status kv_pool_reserve(kv_cache *c, const int need[KV_MAX_GROUPS], kv_error *
             /* evict own cached pages past what the context needs, else grow */
             int ev = need[g] - (int)room;
             if (ev <= evictable(c, g) && make_room(c, g, ev, e) == KV_OK) continue;
-            while (group_room(c, g) < need[g])
-                if (!group_grow(G)) return kv_fail(e, KV_ERR_NOMEM, "session: out of memory for KV pages");
+            while (group_room(c, g) < need[g]) {
+                kv_status st = pool_grow(c, g, "session", e);
+                if (st) return st;
+            }
             continue;
         }
         /* the group's own cached pages first (they free a slot and budget),

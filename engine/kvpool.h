@@ -104,6 +104,9 @@ struct kv_cache {
     kv_cache *next_of_model; /* the model's list of caches (lookup "other types") */
     /* counters */
     uint64_t hits, misses, reused_tokens, evictions;
+    /* a device backend's copy of the pages (backend.h pages_grow), or NULL */
+    void *dev;
+    void (*dev_free)(void *dev);
 };
 
 /* ---- page tables (a session's view, kvcache.c) ---- */
@@ -111,6 +114,9 @@ struct kv_kvcache {
     kv_cache *pool;
     int n_ctx, n_lp;    /* positions, logical pages */
     int32_t *tab[KV_MAX_GROUPS]; /* (n_lp) page id per logical page, -1: none */
+    /* a device backend's copy of the tables, or NULL */
+    void *dev;
+    void (*dev_free)(void *dev);
 };
 
 /* ---- pool ---- */

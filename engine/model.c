@@ -23,6 +23,7 @@
 
 #include <sodium.h>
 
+#include "kvcl.h"
 #include "quant.h"
 #include "types.h"
 
@@ -279,6 +280,37 @@ static kv_status load_weights(kv_model *m, loader *L, const hparams *h) {
     return KV_OK;
 }
 
+/* The CPU backend is in place; p may ask for an OpenCL device instead. */
+static kv_status choose_backend(kv_model *m, const kv_model_params *p, kv_error *e) {
+    int want = p ? p->backend : KV_BACKEND_CPU, dev = p ? p->device : 0;
+    kvcl_device_info devs[16];
+    int n = kvcl_devices(devs, 16);
+    if (want == KV_BACKEND_AUTO) {
+        want = KV_BACKEND_CPU;
+        for (int i = 0; i < n && i < 16; i++)
+            if (strcmp(devs[i].type, "gpu") == 0) {
+                want = KV_BACKEND_OPENCL, dev = i;
+                break;
+            }
+    }
+    if (want != KV_BACKEND_OPENCL) return KV_OK;
+    if (n == 0) return kv_fail(e, KV_ERR_DEVICE, "no OpenCL device");
+    if (dev < 0 || dev >= n) return kv_fail(e, KV_ERR_ARG, "no OpenCL device %d (there are %d)", dev, n);
+#ifdef KV_HAVE_OPENCL
+    kv_backend cl;
+    kv_status st = kv_backend_cl_init(&cl, m, dev, e);
+    if (st) return st;
+    m->be.close(&m->be); /* the OpenCL backend keeps a CPU one of its own for host buffers */
+    m->be = cl;
+    snprintf(m->info.backend, sizeof m->info.backend, "opencl");
+    snprintf(m->info.device, sizeof m->info.device, "%s", dev < 16 ? devs[dev].name : "?");
+    m->info.device_index = dev;
+    return KV_OK;
+#else
+    return kv_fail(e, KV_ERR_DEVICE, "no OpenCL device");
+#endif
+}
+
 kv_status kv_model_open(const char *path, const kv_model_params *p, kv_model **out, kv_error *e) {
     if (!out) return kv_fail(e, KV_ERR_ARG, "model: out is NULL");
     *out = NULL;
@@ -315,6 +347,9 @@ kv_status kv_model_open(const char *path, const kv_model_params *p, kv_model **o
         if ((st = kv_vocab_load(m->g, &m->vocab, e))) goto fail;
     }
 
+    snprintf(m->info.backend, sizeof m->info.backend, "cpu");
+    snprintf(m->info.device, sizeof m->info.device, "cpu");
+    m->info.device_index = -1;
     if (!m->info.has_weights) { /* vocabulary-only file */
         if (m->vocab) m->info.n_vocab = kv_vocab_n(m->vocab);
         *out = m;
@@ -376,6 +411,7 @@ kv_status kv_model_open(const char *path, const kv_model_params *p, kv_model **o
     if ((st = kv_pool_create(threads, &m->pool, e))) goto fail;
     if ((st = kv_backend_cpu_init(&m->be, m->pool, e))) goto fail;
     m->be_ready = true;
+    if ((st = choose_backend(m, p, e))) goto fail;
     *out = m;
     return KV_OK;
 fail:
@@ -385,7 +421,7 @@ fail:
 
 void kv_model_close(kv_model *m) {
     if (!m) return;
-    if (m->be_ready) kv_backend_cpu_free(&m->be);
+    if (m->be_ready) m->be.close(&m->be);
     kv_pool_destroy(m->pool);
     if (m->vocab) kv_vocab_free(m->vocab);
     kv_gguf_close(m->g);

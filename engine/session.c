@@ -493,14 +493,18 @@ static kv_status run_chunks(kv_session *s, const int32_t *ids, int n, int logits
         float *out = logits_mode == KV_LOGITS_ALL ? logits + (size_t)off * n_vocab : logits;
         kv_status st = prepare_pages(s, s->pos, T, e);
         if (st) return st;
-        if (!kv_forward(s, s->tokens + s->pos, T, mode, out))
+        bool finite = kv_forward(s, s->tokens + s->pos, T, mode, out);
+        if (be->status && (st = be->status(be, e))) return st; /* a device error, kept by the backend */
+        if (!finite)
             return kv_fail(e, KV_ERR_NUMERIC,
                            "eval: non-finite queries or keys for positions %d..%d (corrupted weights?)", s->pos,
                            s->pos + T - 1);
         int64_t nout = mode == KV_LOGITS_ALL ? (int64_t)T * n_vocab : mode == KV_LOGITS_LAST ? n_vocab : 0;
         /* the residual stream of every position, not only the rows whose
          * logits were asked for: a NaN in any of them is in the KV cache now */
-        if (!be->all_finite(be, s->x, (int64_t)T * s->m->info.n_embd) || (nout && !be->all_finite(be, out, nout)))
+        bool ok = be->all_finite(be, s->x, (int64_t)T * s->m->info.n_embd) && (!nout || be->all_finite(be, out, nout));
+        if (be->status && (st = be->status(be, e))) return st;
+        if (!ok)
             return kv_fail(e, KV_ERR_NUMERIC,
                            "eval: non-finite activations or logits for positions %d..%d (corrupted weights?)", s->pos,
                            s->pos + T - 1);
@@ -596,6 +600,15 @@ kv_status kv_session_shift(kv_session *s, int keep, int drop, kv_error *e) {
         return kv_fail(e, KV_ERR_NOMEM, "shift: out of memory");
     }
     bool missing = false;
+    kv_backend *be = &s->m->be;
+    /* a device backend: the rows to move come to the host slabs first */
+    for (int g = 0; g < c->n_groups && be->page_sync && st == KV_OK; g++)
+        for (int lp = 0; lp < s->kv->n_lp && st == KV_OK; lp++)
+            if (s->kv->tab[g][lp] >= 0 && (lp + 1) * pt > keep) st = be->page_sync(be, c, g, s->kv->tab[g][lp], false, e);
+    if (st) {
+        free(tmp), free(cs), free(tab);
+        return st;
+    }
     for (int g = 0; g < c->n_groups; g++) {
         const kv_group *G = &c->groups[g];
         const int32_t *old = s->kv->tab[g];
@@ -629,6 +642,7 @@ kv_status kv_session_shift(kv_session *s, int keep, int drop, kv_error *e) {
                     }
                 }
             }
+            if (ok && be->page_sync && be->page_sync(be, c, g, id, true, e) != KV_OK) ok = false;
             if (ok) {
                 tab[lp] = id;
             } else {
@@ -680,10 +694,14 @@ static kv_status decode_group(kv_session *const *ss, const int32_t *ids, int B, 
     }
     if (st == KV_OK) {
         for (int b = 0; b < B; b++) ss[b]->tokens[ss[b]->pos] = ids[b];
-        if (!kv_forward_batch(ss, ids, B, logits))
+        bool finite = kv_forward_batch(ss, ids, B, logits);
+        bool ok = finite && be->all_finite(be, ss[0]->x, (int64_t)B * m->info.n_embd) &&
+                  be->all_finite(be, logits, (int64_t)B * n_vocab);
+        if (be->status && (st = be->status(be, e))) {
+            /* a device error, kept by the backend */
+        } else if (!finite)
             st = kv_fail(e, KV_ERR_NUMERIC, "decode_batch: non-finite queries or keys (corrupted weights?)");
-        else if (!be->all_finite(be, ss[0]->x, (int64_t)B * m->info.n_embd) ||
-                 !be->all_finite(be, logits, (int64_t)B * n_vocab))
+        else if (!ok)
             st = kv_fail(e, KV_ERR_NUMERIC, "decode_batch: non-finite activations or logits (corrupted weights?)");
     }
     if (st != KV_OK) {

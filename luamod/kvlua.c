@@ -309,14 +309,15 @@ static int l_load(lua_State *L) {
     const char *backend = l_opt_str(L, 2, "backend", "auto");
     lua_Integer threads = l_opt_int(L, 2, "threads", 0);
     lua_Integer device = l_opt_int(L, 2, "device", 0);
-    (void)device;
-    if (strcmp(backend, "auto") && strcmp(backend, "cpu") && strcmp(backend, "opencl"))
-        luaL_error(L, "option 'backend' must be \"auto\", \"cpu\" or \"opencl\" (got \"%s\")", backend);
+    int be = strcmp(backend, "cpu") == 0      ? KV_BACKEND_CPU
+             : strcmp(backend, "opencl") == 0 ? KV_BACKEND_OPENCL
+             : strcmp(backend, "auto") == 0   ? KV_BACKEND_AUTO
+                                              : -1;
+    if (be < 0) luaL_error(L, "option 'backend' must be \"auto\", \"cpu\" or \"opencl\" (got \"%s\")", backend);
     if (threads < 0 || threads > KV_MAX_THREADS)
         luaL_error(L, "option 'threads' out of range: %I (1..%d, or 0 for the physical cores)",
                    (LUAI_UACINT)threads, KV_MAX_THREADS);
-    if (strcmp(backend, "opencl") == 0)
-        return l_fail(L, "opencl backend: not available in this build yet (use backend = \"cpu\")");
+    if (device < 0 || device > 1024) luaL_error(L, "option 'device' out of range: %I", (LUAI_UACINT)device);
 
     l_model *lm = lua_newuserdatauv(L, sizeof *lm, 3); /* born closed */
     memset(lm, 0, sizeof *lm);
@@ -325,7 +326,7 @@ static int l_load(lua_State *L) {
     luaL_setmetatable(L, L_MODEL);
     l_guard_new(L, &lm->o, -1, L_MODEL_GUARD);
 
-    kv_model_params p = {.threads = (int)threads};
+    kv_model_params p = {.threads = (int)threads, .backend = be, .device = (int)device};
     kv_error e = {{0}};
     kv_model *m = NULL;
     if (kv_model_open(path, &p, &m, &e) != KV_OK) return l_fail(L, e.msg);
@@ -355,8 +356,9 @@ static void l_push_info(lua_State *L, l_model *lm) {
     SETI("size_bytes", in->size_bytes);
     SETI("threads", in->threads);
     lua_pushboolean(L, in->has_weights), lua_setfield(L, -2, "has_weights");
-    lua_pushstring(L, "cpu"), lua_setfield(L, -2, "backend");
-    lua_pushstring(L, "cpu"), lua_setfield(L, -2, "device");
+    lua_pushstring(L, in->backend), lua_setfield(L, -2, "backend");
+    lua_pushstring(L, in->device), lua_setfield(L, -2, "device");
+    if (in->device_index >= 0) SETI("device_index", in->device_index);
 #undef SETI
 }
 

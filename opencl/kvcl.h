@@ -88,6 +88,9 @@ int kvcl_buf_parts(const kvcl_buf *b);
  * copy is done (a read therefore waits for the ops queued before it). */
 kv_status kvcl_write(kvcl_ctx *c, kvcl_buf *b, size_t off, const void *src, size_t n, kv_error *e);
 kv_status kvcl_read(kvcl_ctx *c, kvcl_buf *b, size_t off, void *dst, size_t n, kv_error *e);
+/* Queues a device copy of n bytes from src at soff to dst at doff (single
+ * part buffers; ranges inside one buffer must not overlap). Does not wait. */
+kv_status kvcl_copy(kvcl_ctx *c, kvcl_buf *dst, size_t doff, kvcl_buf *src, size_t soff, size_t n, kv_error *e);
 
 /* A float array inside a buffer: elements from off on. Ops take views so
  * one activation buffer can hold several tensors (and rows of one). */

@@ -111,6 +111,17 @@ kv_status kvcl_read(kvcl_ctx *c, kvcl_buf *b, size_t off, void *dst, size_t n, k
     return copy(c, b, off, dst, n, false, e);
 }
 
+kv_status kvcl_copy(kvcl_ctx *c, kvcl_buf *dst, size_t doff, kvcl_buf *src, size_t soff, size_t n, kv_error *e) {
+    cl_mem dm, sm;
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    if (kvcl_buf_single(dst, "copy", &dm, e) || kvcl_buf_single(src, "copy", &sm, e)) return KV_ERR_ARG;
+    if (doff > dst->bytes || n > dst->bytes - doff || soff > src->bytes || n > src->bytes - soff)
+        return kv_fail(e, KV_ERR_ARG, "OpenCL copy of %zu bytes from %zu to %zu: past a buffer", n, soff, doff);
+    if (n == 0) return KV_OK;
+    cl_int err = clEnqueueCopyBuffer(c->q, sm, dm, soff, doff, n, 0, NULL, NULL);
+    return err == CL_SUCCESS ? KV_OK : kvcl_mark_failed(c, e, err, "copy");
+}
+
 kv_status kvcl_scratch(kvcl_ctx *c, size_t bytes, cl_mem *out, kv_error *e) {
     if (bytes <= c->scratch_bytes) {
         *out = c->scratch;

@@ -91,21 +91,36 @@ kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t n, int
     return run_1d(&L, n, "ffn_act", e);
 }
 
-kv_status kvcl_all_finite(kvcl_ctx *c, kvcl_view x, int64_t n, bool *ok, kv_error *e) {
+kv_status kvcl_finite_reset(kvcl_ctx *c, kv_error *e) {
+    static const cl_int one = 1; /* static: the write is not waited for */
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    cl_int err = clEnqueueWriteBuffer(c->q, c->flag, CL_FALSE, 0, sizeof one, &one, 0, NULL, NULL);
+    return err == CL_SUCCESS ? KV_OK : kvcl_mark_failed(c, e, err, "all_finite");
+}
+
+kv_status kvcl_finite_check(kvcl_ctx *c, kvcl_view x, int64_t n, kv_error *e) {
     cl_mem xm;
     if (kvcl_view_mem(x, (size_t)n, "all_finite", &xm, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_check(c, e) != KV_OK) return c->failed;
-    cl_int one = 1, flag = 0;
-    cl_int err = clEnqueueWriteBuffer(c->q, c->flag, CL_FALSE, 0, sizeof one, &one, 0, NULL, NULL);
-    if (err != CL_SUCCESS) return kvcl_mark_failed(c, e, err, "all_finite");
     kvcl_launch L = kvcl_launch_begin(c, c->all_finite);
     kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off), kvcl_arg_long(&L, n), kvcl_arg_mem(&L, c->flag);
-    if (run_1d(&L, n, "all_finite", e) != KV_OK) return c->failed;
-    /* the blocking read also keeps `one` alive until the write is done */
-    err = clEnqueueReadBuffer(c->q, c->flag, CL_TRUE, 0, sizeof flag, &flag, 0, NULL, NULL);
+    return run_1d(&L, n, "all_finite", e) != KV_OK ? c->failed : KV_OK;
+}
+
+kv_status kvcl_finite_read(kvcl_ctx *c, bool *ok, kv_error *e) {
+    cl_int flag = 0;
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    cl_int err = clEnqueueReadBuffer(c->q, c->flag, CL_TRUE, 0, sizeof flag, &flag, 0, NULL, NULL);
     if (err != CL_SUCCESS) return kvcl_mark_failed(c, e, err, "all_finite");
     *ok = flag != 0;
     return KV_OK;
+}
+
+kv_status kvcl_all_finite(kvcl_ctx *c, kvcl_view x, int64_t n, bool *ok, kv_error *e) {
+    kv_status st = kvcl_finite_reset(c, e);
+    if (!st) st = kvcl_finite_check(c, x, n, e);
+    if (!st) st = kvcl_finite_read(c, ok, e);
+    return st;
 }
 
 kv_status kvcl_embed(kvcl_ctx *c, const kvcl_weight *emb, kvcl_buf *ids, int64_t T, kvcl_view out, kv_error *e) {

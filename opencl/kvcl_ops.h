@@ -78,6 +78,12 @@ kv_status kvcl_softcap(kvcl_ctx *c, kvcl_view x, int64_t n, float cap, kv_error 
 kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t n, int act, kv_error *e);
 /* *ok = every x(n) finite. Waits. */
 kv_status kvcl_all_finite(kvcl_ctx *c, kvcl_view x, int64_t n, bool *ok, kv_error *e);
+/* The same in parts, so several checks share one wait: reset the
+ * context's flag, queue checks of views (each clears the flag on a
+ * non-finite value), then read it (waits): *ok = all were finite. */
+kv_status kvcl_finite_reset(kvcl_ctx *c, kv_error *e);
+kv_status kvcl_finite_check(kvcl_ctx *c, kvcl_view x, int64_t n, kv_error *e);
+kv_status kvcl_finite_read(kvcl_ctx *c, bool *ok, kv_error *e);
 /* out(T, emb.cols) = rows ids(T) (int32 buffer) of the table, dequantized.
  * ids must be < emb.rows (the caller checks them: an id out of range
  * leaves its output row unwritten). */

@@ -90,7 +90,7 @@ tools:add {
 -- ==== the loop ====================================================================
 
 local next_user = user_turns() -- reads --script before the model loads
-local model = common.load(common.model_path(o.model), o.threads)
+local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
 local a, err = agent.new(model, {
   tools = tools, system = o.system, protocol = o.protocol ~= "" and o.protocol or nil,
   sampler = sampling.from_opts { temp = o.temp, seed = math.tointeger(o.seed), repeat_penalty = o["repeat-penalty"] },

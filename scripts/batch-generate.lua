@@ -78,7 +78,7 @@ local ctx = positive_int("ctx")
 local reader = common.jsonl_input(o.file, "--file PROMPTS.jsonl", shard,
   function(line, msg) io.stderr:write(string.format("%s:%d: %s\n", o.file, line, msg)) end)
 
-local model = common.load(common.model_path(o.model), o.threads)
+local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
 
 local out, err = io.stdout, nil
 if o.output ~= "" then

@@ -11,17 +11,21 @@
 -- --kv f16,q8_0 measures each K/V storage type in its own session, the
 -- types taking turns inside every repetition (so they share the machine's
 -- state); --json then prints {"by_kv": {"f16": {...}, "q8_0": {...}}}.
+-- --backend cpu,opencl loads the model once per backend and measures them
+-- the same way, taking turns inside every repetition (a side-by-side
+-- comparison in one run); --json then keys by "backend/kv".
 -- --plot FILE draws decode tok/s against depth and prefill tok/s against
 -- prompt length, one line per storage type, into a PNG.
 local usage = [[
 usage: lua5.4 scripts/bench.lua [--model PATH] [--threads N] [--reps N]
                                 [--decode N] [--prefill 128,512] [--depth 16,512,1792]
-                                [--kv f16|q8_0|q4_0|f32|q8_0/q4_0|f16,q8_0] [--plot FILE] [--json]
+                                [--kv f16|q8_0|q4_0|f32|q8_0/q4_0|f16,q8_0] [--backend cpu|opencl|cpu,opencl]
+                                [--device N] [--plot FILE] [--json]
 ]]
 local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
 local o = common.parse(arg, {
   model = "", threads = 0, reps = 3, decode = 64, prefill = "128,512", depth = "16,512,1792", json = false,
-  kv = "f16", plot = "",
+  kv = "f16", plot = "", backend = "auto", device = 0,
 }, usage)
 
 local json = require "kvlua.json"
@@ -46,7 +50,13 @@ end
 -- Lua has no wall clock finer than a second: timings come from the
 -- session's stats, taken with a monotonic clock around each forward pass.
 
-local model = common.load(common.model_path(o.model), o.threads)
+local backends, models = {}, {}
+for b in o.backend:gmatch("[^,%s]+") do
+  backends[#backends + 1] = b
+  models[b] = common.load(common.model_path(o.model), o.threads, b, o.device)
+end
+if #backends == 0 then common.die("option --backend needs a name (cpu, opencl)") end
+local model = models[backends[1]]
 local n_vocab = model.info.n_vocab
 local depths, prefills = list(o.depth), list(o.prefill)
 local max_depth = 0
@@ -101,15 +111,17 @@ local function measure(s, m, rep)
 end
 
 local runs = {}
-for i, kv in ipairs(kv_types) do
-  local kt, vt = kv_pair(kv)
-  local s, err = model:session { ctx = ctx, ktype = kt, vtype = vt }
-  if not s then common.die(err) end
-  runs[i] = { kv = kv, s = s, prefill = {}, decode = {}, ttft_ms = {}, itl = {},
-    kv_bytes = model:kv_bytes { ctx = ctx, ktype = kt, vtype = vt } }
-  -- warm-up (page in the weights)
-  s:prefill(ids(32, 7))
-  s:rewind(s.pos)
+for _, b in ipairs(backends) do
+  for _, kv in ipairs(kv_types) do
+    local kt, vt = kv_pair(kv)
+    local s, err = models[b]:session { ctx = ctx, ktype = kt, vtype = vt }
+    if not s then common.die(err) end
+    runs[#runs + 1] = { kv = kv, s = s, prefill = {}, decode = {}, ttft_ms = {}, itl = {}, info = models[b].info,
+      kv_bytes = model:kv_bytes { ctx = ctx, ktype = kt, vtype = vt } }
+    -- warm-up (page in the weights)
+    s:prefill(ids(32, 7))
+    s:rewind(s.pos)
+  end
 end
 for rep = 1, o.reps do
   for _, m in ipairs(runs) do measure(m.s, m, rep) end
@@ -124,7 +136,8 @@ local function medians(t)
 end
 
 local function summary(m)
-  return { model = model.info.name, arch = model.info.arch, threads = model.info.threads,
+  return { model = model.info.name, arch = model.info.arch, threads = m.info.threads,
+    backend = m.info.backend, device = m.info.device,
     kv_bytes = m.kv_bytes, kv_type = m.kv, ctx = ctx, peak_rss = common.peak_rss(),
     itl_ms = { p50 = common.percentile(m.itl, 50) * 1e3, p90 = common.percentile(m.itl, 90) * 1e3,
       p99 = common.percentile(m.itl, 99) * 1e3 },
@@ -139,8 +152,9 @@ local function keys(t)
 end
 
 local function print_table(out)
-  print(string.format("model %s (%s), %d threads, KV %.1f MiB (%s) at ctx %d, peak RSS %.1f MiB",
-    out.model, out.arch, out.threads, out.kv_bytes / 2 ^ 20, out.kv_type, ctx, (out.peak_rss or 0) / 2 ^ 20))
+  print(string.format("model %s (%s) on %s (%s), %d threads, KV %.1f MiB (%s) at ctx %d, peak RSS %.1f MiB",
+    out.model, out.arch, out.backend, out.device, out.threads, out.kv_bytes / 2 ^ 20, out.kv_type, ctx,
+    (out.peak_rss or 0) / 2 ^ 20))
   for _, k in ipairs(keys(out.prefill_tps)) do
     print(string.format("prefill %5s tokens: %8.1f tok/s  (TTFT %.1f ms)", k, out.prefill_tps[k], out.ttft_ms[k]))
   end
@@ -166,7 +180,7 @@ local function plot(path, outs)
       for _, k in ipairs(keys(t)) do pts[#pts + 1] = { tonumber(k), t[k] } end
       return pts
     end
-    local label = "K/V " .. out.kv_type
+    local label = (#backends > 1 and out.backend .. ", " or "") .. "K/V " .. out.kv_type
     dec:line { points = points(out.decode_tps), color = color, label = label, marker = true }
     pre:line { points = points(out.prefill_tps), color = color, label = label, marker = true }
   end
@@ -183,8 +197,13 @@ if o.json then
     print(json.encode(outs[1]))
   else
     local by = {}
-    for _, out in ipairs(outs) do by[out.kv_type] = out end
-    print(json.encode { by_kv = by })
+    if #backends > 1 then
+      for _, out in ipairs(outs) do by[out.backend .. "/" .. out.kv_type] = out end
+      print(json.encode { by_backend_kv = by })
+    else
+      for _, out in ipairs(outs) do by[out.kv_type] = out end
+      print(json.encode { by_kv = by })
+    end
   end
 else
   for i, out in ipairs(outs) do

@@ -21,7 +21,7 @@ local o = common.parse(arg, { model = "", turns = 5, words = 1150, ["max-tokens"
 
 local kvlua = require "kvlua"
 local chat = require "kvlua.chat"
-local model = common.load(common.model_path(o.model), o.threads)
+local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
 local turns, max_tokens = math.tointeger(o.turns), math.tointeger(o["max-tokens"])
 if not turns or turns < 1 then common.die("--turns must be a positive integer") end
 

@@ -19,7 +19,7 @@ local o = common.parse(arg, {
 
 local chat = require "kvlua.chat"
 local sampling = require "kvlua.sampling"
-local model = common.load(common.model_path(o.model), o.threads)
+local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
 local s = assert(model:session { ctx = math.tointeger(o.ctx) })
 local sampler = sampling.from_opts {
   temp = o.temp, top_k = math.tointeger(o["top-k"]), top_p = o["top-p"], min_p = o["min-p"],

@@ -23,7 +23,12 @@ M.die = die
 -- Parses "--name value", "--name=value" and boolean "--flag" into a table
 -- seeded with defaults; the type of each default decides the conversion.
 -- Unknown options and bad numbers exit with a usage message.
+-- Scripts that load a model (those with --threads) also take --backend
+-- auto|cpu|opencl and --device N (kvlua.load's options).
 function M.parse(argv, defaults, usage)
+  if defaults.threads ~= nil and defaults.backend == nil then
+    defaults.backend, defaults.device = "auto", 0
+  end
   local o = {}
   for k, v in pairs(defaults) do o[k] = v end
   local positional = {}
@@ -32,6 +37,7 @@ function M.parse(argv, defaults, usage)
     local a = argv[i]
     if a == "-h" or a == "--help" then
       io.stdout:write(usage or "see the script's header\n")
+      if defaults.backend then io.stdout:write("  --backend auto|cpu|opencl  --device N   where the model runs\n") end
       os.exit(0)
     end
     local name, val = a:match("^%-%-([%w%-_]+)=(.*)$")
@@ -75,9 +81,10 @@ function M.model_path(path, name)
   return out
 end
 
-function M.load(path, threads)
+function M.load(path, threads, backend, device)
   local kvlua = require "kvlua"
-  local model, err = kvlua.load(path, { threads = threads and threads > 0 and math.tointeger(threads) or nil })
+  local model, err = kvlua.load(path, { threads = threads and threads > 0 and math.tointeger(threads) or nil,
+    backend = backend, device = device and math.tointeger(device) or nil })
   if not model then die("kvlua: " .. err) end
   return model
 end

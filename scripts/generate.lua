@@ -26,7 +26,7 @@ local o = common.parse(arg, {
 }, usage)
 
 local sampling = require "kvlua.sampling"
-local model = common.load(common.model_path(o.model), o.threads)
+local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
 
 local text = o.prompt
 if o.chat then

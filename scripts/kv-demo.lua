@@ -33,7 +33,7 @@ local json = require "kvlua.json"
 local n = math.tointeger(o.tokens)
 if not n or n < 2 then common.die("option --tokens needs an integer of at least 2") end
 
-local model = common.load(common.model_path(o.model), o.threads)
+local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
 local prompt = model:tokenize(o.prompt, { add_special = true })
 local s = assert(model:session { ctx = #prompt + n + 8 })
 

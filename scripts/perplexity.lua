@@ -22,7 +22,7 @@ local text = f:read("a")
 f:close()
 
 local eval = require "kvlua.eval"
-local model = common.load(common.model_path(o.model), o.threads)
+local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
 local ids = model:tokenize(text, { add_special = true, parse_special = false })
 local r, err = eval.perplexity(model, ids, {
   ctx = math.tointeger(o.ctx), batch = math.tointeger(o.batch),
