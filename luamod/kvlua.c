@@ -728,7 +728,8 @@ static void l_session_open(lua_State *L, l_session *ls, kv_session *s, l_model *
      * been allocated through it, so dropped sessions are reclaimed in step
      * with new ones (closing them, or <close>, frees at once) */
     uint64_t kb = kv_session_kv_bytes(s) >> 10;
-    if (kb == 0) kb = (uint64_t)kv_session_ctx(s) * 64 >> 10; /* pages come as tokens do */
+    if (!lc) /* a private pool holds up to its whole context (pages come as tokens do) */
+        kb = kv_cache_bytes_per_token(kv_session_cache(s)) * (uint64_t)kv_session_ctx(s) >> 10;
     lua_gc(L, LUA_GCSTEP, kb > INT_MAX ? INT_MAX : (int)kb);
 }
 
