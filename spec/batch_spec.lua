@@ -6,12 +6,7 @@ local kvlua = require "kvlua"
 local tiny = require "spec.support.tiny_models"
 local models = require "spec.support.models"
 
-local function same(a, b)
-  local ta, tb = a:totable(), b:totable()
-  if #ta ~= #tb then return false end
-  for i = 1, #ta do if ta[i] ~= tb[i] then return false end end
-  return true
-end
+local same = require("spec.support.ids").same -- the same bits
 
 local function prompt(i, n_vocab)
   local p = {}

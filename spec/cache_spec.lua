@@ -14,26 +14,11 @@ local kvlua = require "kvlua"
 local tiny = require "spec.support.tiny_models"
 local models = require "spec.support.models"
 
-local function some_ids(count, n, seed)
-  local t, x = {}, seed or 12345
-  for i = 1, count do
-    x = (x * 1103515245 + 12345) % 2147483648
-    t[i] = 3 + x % (n - 3)
-  end
-  return t
-end
+local some_ids = require("spec.support.ids").some
 
 local function slice(t, a, b) return table.move(t, a, b, 1, {}) end
 
--- true when two Logits hold the same bits (NaN aside, == on floats is that)
-local function same(a, b)
-  if a.n ~= b.n or a.rows ~= b.rows then return false end
-  local ta, tb = a:totable(), b:totable()
-  for i = 1, #ta do
-    if ta[i] ~= tb[i] then return false, i end
-  end
-  return true
-end
+local same = require("spec.support.ids").same -- the same bits
 
 local function row(l, i) return l.rows > 1 and l:row(i) or l end
 

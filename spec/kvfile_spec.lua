@@ -8,21 +8,9 @@ local kvlua = require "kvlua"
 local tiny = require "spec.support.tiny_models"
 local models = require "spec.support.models"
 
-local function same(a, b)
-  local ta, tb = a:totable(), b:totable()
-  if #ta ~= #tb then return false end
-  for i = 1, #ta do if ta[i] ~= tb[i] then return false end end
-  return true
-end
+local same = require("spec.support.ids").same -- the same bits
 
-local function some_ids(count, n, seed)
-  local t, x = {}, seed or 12345
-  for i = 1, count do
-    x = (x * 1103515245 + 12345) % 2147483648
-    t[i] = 3 + x % (n - 3)
-  end
-  return t
-end
+local some_ids = require("spec.support.ids").some
 
 local function read(path)
   local f = assert(io.open(path, "rb"))

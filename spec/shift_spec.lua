@@ -6,14 +6,7 @@ local kvlua = require "kvlua"
 local tiny = require "spec.support.tiny_models"
 local models = require "spec.support.models"
 
-local function some_ids(count, n, seed)
-  local t, x = {}, seed or 12345
-  for i = 1, count do
-    x = (x * 1103515245 + 12345) % 2147483648
-    t[i] = 3 + x % (n - 3)
-  end
-  return t
-end
+local some_ids = require("spec.support.ids").some
 
 local function rms(a, b)
   local ta, tb, s = a:totable(), b:totable(), 0
