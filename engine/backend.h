@@ -87,6 +87,9 @@ struct kv_backend {
     void (*add)(kv_backend *b, float *y, const float *x, int64_t n);
     /* x(n) *= s. */
     void (*scale)(kv_backend *b, float *x, int64_t n, float s);
+    /* x(rows, n) = x H in place: kv_hadamard_rows (quant.h), the rotation of
+     * Q, K, V and the attention output for quantized K/V pages. */
+    void (*hadamard)(kv_backend *b, float *x, int64_t rows, int64_t n);
     /* gate(T, n) = act(gate) * up(T, n). */
     void (*ffn_act)(kv_backend *b, float *gate, const float *up, int64_t n, int act);
     /* x(n) = cap * tanh(x / cap). */

@@ -271,6 +271,21 @@ static void cpu_scale(kv_backend *b, float *x, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
+typedef struct {
+    float *x;
+    int64_t n;
+} hadamard_args;
+
+static void hadamard_range(void *arg, int64_t r0, int64_t r1) {
+    const hadamard_args *a = arg;
+    kv_hadamard_rows(a->x + r0 * a->n, r1 - r0, a->n);
+}
+
+static void cpu_hadamard(kv_backend *b, float *x, int64_t rows, int64_t n) {
+    hadamard_args a = {x, n};
+    par_for(b->ctx, rows, 16384 / n + 1, hadamard_range, &a);
+}
+
 static float gelu_tanh(float x) {
     const float k0 = 0.79788456080286535587989211986876f, k1 = 0.044715f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanhf(k0 * x * (1.0f + k1 * x * x)));
@@ -1381,6 +1396,7 @@ kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
         .rope = cpu_rope,
         .add = cpu_add,
         .scale = cpu_scale,
+        .hadamard = cpu_hadamard,
         .ffn_act = cpu_ffn_act,
         .softcap = cpu_softcap,
         .embed = cpu_embed,

@@ -7,8 +7,10 @@
  *   q,k,v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
  *   [gemma3] q, k = rmsnorm per head * q_norm / k_norm
  *   q, k = rope(q, k)          (NORM for llama, NEOX for qwen2 / gemma3)
+ *   [quantized K/V pages] q, k (and v) = x H: Hadamard rotation (quant.h)
  *   cache[pos..] = k, v
  *   a    = attention(q * q_scale, cache)   (causal, optional sliding window)
+ *   [quantized V pages] a = a H
  *   o    = a Wo^T   [gemma3] o = rmsnorm(o) * post_attention_norm
  *   x   += o
  *   h    = rmsnorm(x) * ffn_norm
@@ -21,6 +23,8 @@
 #include "model_internal.h"
 
 #include <string.h>
+
+#include "quant.h"
 
 /* ==== one layer ============================================================ */
 
@@ -50,16 +54,23 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
         .layer = il, .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .head_dim_v = hdv,
         .scale = m->kq_scale, .window = L->window, .softcap = 0.0f,
     };
-    if (n_seqs == 1) {
-        be->kv_store(be, seqs[0]->kv, il, seqs[0]->pos, T, s->k, s->v);
-        be->attention(be, seqs[0]->kv, &ap, s->q, T, seqs[0]->pos, s->att, s->awork); /* (T, n_head*hdv) */
-    } else { /* a batch: row b is the next token of session b, against its own pages */
-        for (int b = 0; b < n_seqs; b++)
-            be->kv_store(be, seqs[b]->kv, il, seqs[b]->pos, 1, s->k + (size_t)b * n_kv * hd,
-                         s->v + (size_t)b * n_kv * hdv);
-        for (int b = 0; b < n_seqs; b++)
-            be->attention(be, seqs[b]->kv, &ap, s->q + (size_t)b * n_head * hd, 1, seqs[b]->pos,
-                          s->att + (size_t)b * n_head * hdv, s->awork);
+    for (int b = 0, t0 = 0; b < n_seqs; b++) {
+        /* the rows of session b: all T (one session) or row b (a batch) */
+        kv_session *q = seqs[b];
+        const int nt = n_seqs == 1 ? T : 1;
+        float *qb = s->q + (size_t)t0 * n_head * hd, *kb = s->k + (size_t)t0 * n_kv * hd;
+        float *vb = s->v + (size_t)t0 * n_kv * hdv, *ob = s->att + (size_t)t0 * n_head * hdv;
+        const bool rot_k = kv_type_rotated(kv_kvcache_ktype(q->kv, il));
+        const bool rot_v = kv_type_rotated(kv_kvcache_vtype(q->kv, il));
+        if (rot_k) { /* quantized pages hold rotated rows (quant.h) */
+            be->hadamard(be, qb, (int64_t)nt * n_head, hd);
+            be->hadamard(be, kb, (int64_t)nt * n_kv, hd);
+        }
+        if (rot_v) be->hadamard(be, vb, (int64_t)nt * n_kv, hdv);
+        be->kv_store(be, q->kv, il, q->pos, nt, kb, vb);
+        be->attention(be, q->kv, &ap, qb, nt, q->pos, ob, s->awork); /* (nt, n_head*hdv) */
+        if (rot_v) be->hadamard(be, ob, (int64_t)nt * n_head, hdv);
+        t0 += nt;
     }
 
     be->matmul(be, &L->wo, NULL, s->att, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */

@@ -3,7 +3,9 @@
  * restored bit for bit into a new session (same model file, same types).
  *
  * Layout:
- *   "KVLUAKV1"  u32 version (1)  u32 flags (1: encrypted)
+ *   "KVLUAKV1"  u32 version (2)  u32 flags (1: encrypted)
+ *   (version 2: quantized pages hold Hadamard-rotated rows, quant.h; a
+ *   version 1 file restores only when its pages are f16/f32)
  *   encrypted:  crypto_secretstream_xchacha20poly1305 header (24 bytes), then
  *               records [u32 n][n bytes of ciphertext]; the first is
  *               authenticated together with the 16 bytes above (additional
@@ -36,10 +38,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "quant.h"
 #include "types.h"
 
 #define KVF_MAGIC "KVLUAKV1"
-#define KVF_VERSION 1u
+#define KVF_VERSION 2u /* 2: quantized pages hold Hadamard-rotated rows */
 #define KVF_CHUNK ((size_t)1 << 20)
 #define KVF_ABYTES crypto_secretstream_xchacha20poly1305_ABYTES
 
@@ -355,6 +358,12 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     }
     for (int i = 0; i < 2 * in->n_layer; i++) types[i] = (int)r_u32(&r);
     if ((st = r.st)) goto done;
+    for (int i = 0; i < 2 * in->n_layer && version < 2; i++)
+        if (kv_type_rotated(types[i])) {
+            st = fmt_fail(&r, "format version 1 holds quantized pages without the rotation this kvlua applies: "
+                              "save the session again");
+            goto done;
+        }
     int ctx = (int)n_ctx > min_ctx ? (int)n_ctx : min_ctx;
     if (cache) {
         if (cache->m != m) {

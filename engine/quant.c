@@ -826,6 +826,36 @@ int kv_quantize_row(int type, const float *src, void *dst, int64_t n) {
     return 0;
 }
 
+/* ---- Hadamard rotation ------------------------------------------------ */
+
+int kv_hadamard_block(int64_t n) {
+    int b = 1;
+    while (b < 256 && n % (2 * b) == 0) b *= 2;
+    return b;
+}
+
+/* Fast Walsh-Hadamard transform of each block of hb values, scaled by
+ * 1/sqrt(hb) (orthonormal; the matrix is symmetric, so it is its own
+ * inverse). Butterflies in a fixed order: every row gets the same float
+ * operations. */
+void kv_hadamard_rows(float *x, int64_t rows, int64_t n) {
+    const int hb = kv_hadamard_block(n);
+    if (hb < 2) return;
+    const float s = (float)(1.0 / sqrt((double)hb));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b0 = 0; b0 < n; b0 += hb) {
+            float *v = x + r * n + b0;
+            for (int len = 1; len < hb; len *= 2)
+                for (int i = 0; i < hb; i += 2 * len)
+                    for (int j = i; j < i + len; j++) {
+                        const float a = v[j], c = v[j + len];
+                        v[j] = a + c, v[j + len] = a - c;
+                    }
+            for (int j = 0; j < hb; j++) v[j] *= s;
+        }
+    }
+}
+
 /* =========================================================================
  * matrix product
  *

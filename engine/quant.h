@@ -13,6 +13,7 @@
 #ifndef KV_QUANT_H
 #define KV_QUANT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,19 @@ void kv_dequantize_row(int type, const void *src, float *dst, int64_t n);
  * Q8_0, Q8_1, Q8_K (Q4_K/Q5_K/Q6_K too, for writing test models). Returns 0
  * on success, -1 for a type it cannot write. */
 int kv_quantize_row(int type, const float *src, void *dst, int64_t n);
+
+/* ---- rotation of quantized K/V ---------------------------------------- */
+/* Quantized K/V cache pages hold rows multiplied by an orthonormal Hadamard
+ * matrix (blocks of kv_hadamard_block(n) values: the largest power of two
+ * dividing n, at most 256): the rotation spreads the few large channels of
+ * K over a whole block, so the 32-value quantization blocks see no outliers.
+ * Q is rotated the same way (q.k is unchanged), V before it is stored and
+ * the attention output after (H.H = I). */
+static inline bool kv_type_rotated(int type) { return type == KV_TYPE_Q8_0 || type == KV_TYPE_Q4_0; }
+int kv_hadamard_block(int64_t n);
+/* x(rows, n) = x H, in place, row by row (the same float operations for
+ * every row: batch invariant). */
+void kv_hadamard_rows(float *x, int64_t rows, int64_t n);
 
 /* ---- dot products ------------------------------------------------------ */
 /* The activation type the dot product of weight type wtype consumes. */

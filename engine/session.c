@@ -557,6 +557,7 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
 /* K row of layer il rotated by RoPE for a position delta (negative: back). */
 static void rotate_k_row(const kv_layer *L, int type, int hd, uint8_t *row, const float *cs, float *tmp) {
     kv_dequantize_row(type, row, tmp, hd);
+    if (kv_type_rotated(type)) kv_hadamard_rows(tmp, 1, hd); /* back to RoPE's coordinates (H H = I) */
     const int half = L->rope.n_rot / 2;
     for (int i = 0; i < half; i++) {
         const int a = L->rope.mode == KV_ROPE_NEOX ? i : 2 * i, b = L->rope.mode == KV_ROPE_NEOX ? i + half : 2 * i + 1;
@@ -564,6 +565,7 @@ static void rotate_k_row(const kv_layer *L, int type, int hd, uint8_t *row, cons
         tmp[a] = x * cs[2 * i] - y * cs[2 * i + 1];
         tmp[b] = x * cs[2 * i + 1] + y * cs[2 * i];
     }
+    if (kv_type_rotated(type)) kv_hadamard_rows(tmp, 1, hd);
     kv_quantize_row(type, tmp, row, hd);
 }
 

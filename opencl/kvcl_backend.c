@@ -299,6 +299,15 @@ static void cl_scale(kv_backend *b, float *x, int64_t n, float s) {
     keep(S, st, &e);
 }
 
+static void cl_hadamard(kv_backend *b, float *x, int64_t rows, int64_t n) {
+    cl_state *S = b->ctx;
+    kvcl_view xv;
+    if (failed(S) || !dev_view(S, x, &xv)) return;
+    kv_error e;
+    kv_status st = kvcl_hadamard(S->c, xv, rows, n, &e);
+    keep(S, st, &e);
+}
+
 static void cl_ffn_act(kv_backend *b, float *gate, const float *up, int64_t n, int act) {
     cl_state *S = b->ctx;
     kvcl_view gv, uv;
@@ -643,7 +652,7 @@ kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e
     *b = (kv_backend){
         .name = "opencl", .ctx = S,
         .alloc = cl_alloc, .free = cl_free, .matmul_scratch = cl_zero_scratch, .matmul = cl_matmul,
-        .rmsnorm = cl_rmsnorm, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .ffn_act = cl_ffn_act,
+        .rmsnorm = cl_rmsnorm, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .hadamard = cl_hadamard, .ffn_act = cl_ffn_act,
         .softcap = cl_softcap, .embed = cl_embed, .kv_store = cl_kv_store, .attention = cl_attention,
         .attn_scratch = cl_attn_scratch, .all_finite = cl_all_finite, .status = cl_status,
         .pages_grow = cl_pages_grow, .pages_copy = cl_pages_copy, .page_sync = cl_page_sync, .close = cl_close,

@@ -135,6 +135,7 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
         {"scale", &c->scale},           {"softcap", &c->softcap}, {"add_bias", &c->add_bias},
         {"ffn_act", &c->ffn_act},       {"all_finite", &c->all_finite}, {"kv_store", &c->kv_store},
         {"attention", &c->attention},   {"attention_merge", &c->attention_merge},
+        {"hadamard", &c->hadamard},
     };
     for (size_t j = 0; j < sizeof named / sizeof named[0]; j++)
         if (kernel(c, named[j].name, named[j].k, e) != KV_OK) return KV_ERR_DEVICE;
@@ -208,7 +209,7 @@ void kvcl_close(kvcl_ctx *c) {
     }
     cl_kernel named[] = {c->rmsnorm,  c->rope,     c->add,       c->scale,
                          c->softcap,  c->add_bias, c->ffn_act,   c->all_finite,
-                         c->kv_store, c->attention, c->attention_merge};
+                         c->kv_store, c->attention, c->attention_merge, c->hadamard};
     for (size_t j = 0; j < sizeof named / sizeof named[0]; j++)
         if (named[j]) clReleaseKernel(named[j]);
     if (c->prog) clReleaseProgram(c->prog);

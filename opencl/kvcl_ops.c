@@ -6,6 +6,7 @@
 
 #include "kvcl_internal.h"
 #include "kvcl_ops.h"
+#include "quant.h"
 
 #define GROUP 64    /* work-group size of the one-item-per-element kernels */
 #define RMS_GROUP 64 /* = RMS_GROUP in elementwise.cl */
@@ -69,6 +70,20 @@ kv_status kvcl_scale(kvcl_ctx *c, kvcl_view x, int64_t n, float s, kv_error *e) 
     kvcl_launch L = kvcl_launch_begin(c, c->scale);
     kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off), kvcl_arg_long(&L, n), kvcl_arg_float(&L, s);
     return run_1d(&L, n, "scale", e);
+}
+
+kv_status kvcl_hadamard(kvcl_ctx *c, kvcl_view x, int64_t rows, int64_t n, kv_error *e) {
+    cl_mem xm;
+    const int hb = kv_hadamard_block(n);
+    if (rows <= 0 || n <= 0 || n > INT32_MAX)
+        return kv_fail(e, KV_ERR_ARG, "hadamard: bad shape (%lld, %lld)", (long long)rows, (long long)n);
+    if (hb < 2) return KV_OK;
+    if (kvcl_view_mem(x, (size_t)(rows * n), "hadamard", &xm, e) != KV_OK) return KV_ERR_ARG;
+    kvcl_launch L = kvcl_launch_begin(c, c->hadamard);
+    kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off), kvcl_arg_long(&L, rows);
+    kvcl_arg_int(&L, (int)n), kvcl_arg_int(&L, hb), kvcl_arg_float(&L, (float)(1.0 / sqrt((double)hb)));
+    size_t g[2] = {(size_t)(n / hb), kvcl_round_up((size_t)rows, 16)}, l[2] = {1, 16};
+    return kvcl_launch_run(&L, 2, g, l, "hadamard", e);
 }
 
 kv_status kvcl_softcap(kvcl_ctx *c, kvcl_view x, int64_t n, float cap, kv_error *e) {

@@ -120,6 +120,33 @@ describe("the OpenCL backend", function()
     assert(assert(good:session { ctx = 64 }):prefill(some_ids(6, 2)))
   end)
 
+  -- A session file is the pages' bytes: the CPU engine and the OpenCL
+  -- backend store the same rows (f16, or q8_0 of Hadamard-rotated K/V), so a
+  -- file written by one restores on the other and decodes what the saved
+  -- session decodes (F32 weights: within summation order, 1e-5).
+  for _, kt in ipairs { "f16", "q8_0" } do
+    it("moves " .. kt .. " session files between the CPU engine and OpenCL, both ways", function()
+      if not have_device then return pending("no OpenCL device") end
+      local path = tiny.llama { n_embd = 128, n_ff = 128, seed = 5 } -- head size 32
+      local cpu, cl = assert(kvlua.load(path, { backend = "cpu" })), load_cl(path)
+      for _, dir in ipairs { { cpu, cl, "cpu -> opencl" }, { cl, cpu, "opencl -> cpu" } } do
+        local s = assert(dir[1]:session { ctx = 128, ktype = kt, vtype = kt })
+        assert(s:prefill(some_ids(37, 11)))
+        local file = os.tmpname()
+        assert(s:save(file))
+        local r = assert(kvlua.restore(dir[2], file))
+        os.remove(file)
+        assert.equals(37, r.pos)
+        local want, got = assert(s:decode(42)):totable(), assert(r:decode(42)):totable()
+        local d = max_diff(want, got)
+        assert(d <= 1e-5, string.format("%s (%s): logits differ by %.3g", dir[3], kt, d))
+        want, got = assert(s:decode(7)):totable(), assert(r:decode(7)):totable()
+        d = max_diff(want, got)
+        assert(d <= 1e-5, string.format("%s (%s), second step: logits differ by %.3g", dir[3], kt, d))
+      end
+    end)
+  end
+
   -- on the real models (pending without them): the cache features
   local function real_model()
     if not have_device then return nil, "no OpenCL device" end

@@ -262,6 +262,29 @@ static void ref_q4_0_round(double *v, int n) {
     }
 }
 
+/* v = v H in blocks of kv_hadamard_block(n) (orthonormal, its own inverse):
+ * a quantized cache stores rows rotated this way (engine/quant.h). */
+static void ref_hadamard(double *v, int n) {
+    const int hb = kv_hadamard_block(n);
+    for (int b0 = 0; b0 < n; b0 += hb) {
+        double *x = v + b0;
+        for (int len = 1; len < hb; len *= 2)
+            for (int i = 0; i < hb; i += 2 * len)
+                for (int j = i; j < i + len; j++) {
+                    const double a = x[j], c = x[j + len];
+                    x[j] = a + c, x[j + len] = a - c;
+                }
+        for (int j = 0; j < hb; j++) x[j] /= sqrt((double)hb);
+    }
+}
+
+/* A K/V row through a quantized cache: rotated, rounded, rotated back. */
+static void ref_kv_round(double *v, int n, int type) {
+    ref_hadamard(v, n);
+    (type == KV_TYPE_Q4_0 ? ref_q4_0_round : ref_q8_0_round)(v, n);
+    ref_hadamard(v, n);
+}
+
 /* kv_q8: K and V go through a quantized cache of that type (KV_TYPE_Q8_0 or
  * KV_TYPE_Q4_0; 0: exact). */
 static void ref_forward(const cfg *c, const weights *w, const int32_t *ids, int N, float *logits, int kv_q8) {
@@ -298,9 +321,8 @@ static void ref_forward(const cfg *c, const weights *w, const int32_t *ids, int 
                 if (gemma) ref_rmsnorm(k, k, w->l[il].k_norm, hd, eps);
                 ref_rope(k, hd, t, base, rscale, w->rope_freqs, neox);
                 if (kv_q8) {
-                    void (*round_row)(double *, int) = kv_q8 == KV_TYPE_Q4_0 ? ref_q4_0_round : ref_q8_0_round;
-                    round_row(k, hd);
-                    round_row(Vv + ((size_t)t * KH + hh) * hd, hd);
+                    ref_kv_round(k, hd, kv_q8);
+                    ref_kv_round(Vv + ((size_t)t * KH + hh) * hd, hd, kv_q8);
                 }
             }
         }

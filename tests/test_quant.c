@@ -455,6 +455,46 @@ static void test_batch_invariance(void) {
     kv_pool_destroy(pools[1]);
 }
 
+/* The rotation of quantized K/V rows: blocks of the largest power of two
+ * dividing n (<= 256), orthonormal, its own inverse; a unit vector becomes
+ * 1/sqrt(block) over its block. */
+static void test_hadamard(void) {
+    CHECK(kv_hadamard_block(64) == 64 && kv_hadamard_block(96) == 32 && kv_hadamard_block(80) == 16 &&
+              kv_hadamard_block(512) == 256 && kv_hadamard_block(33) == 1,
+          "hadamard block sizes");
+    const int ns[] = {32, 64, 80, 96, 128, 256, 512};
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int n = ns[k], hb = kv_hadamard_block(n);
+        float x[2 * 512], y[2 * 512];
+        uint32_t st = 7u + (uint32_t)n;
+        double nx = 0, ny = 0;
+        for (int i = 0; i < 2 * n; i++) {
+            st = st * 1664525u + 1013904223u;
+            x[i] = y[i] = (float)((st >> 8) & 0xFFFF) / 65536.0f - 0.5f;
+            nx += (double)x[i] * x[i];
+        }
+        kv_hadamard_rows(y, 2, n);
+        for (int i = 0; i < 2 * n; i++) ny += (double)y[i] * y[i];
+        CHECK(fabs(nx - ny) < 1e-4 * nx, "hadamard %d keeps the norm: %g vs %g", n, nx, ny);
+        /* row 1 is rotated on its own: the same as rotating it alone */
+        float r1[512];
+        memcpy(r1, x + n, sizeof(float) * (size_t)n);
+        kv_hadamard_rows(r1, 1, n);
+        CHECK(memcmp(r1, y + n, sizeof(float) * (size_t)n) == 0, "hadamard %d: rows independent", n);
+        kv_hadamard_rows(y, 2, n);
+        float worst = 0;
+        for (int i = 0; i < 2 * n; i++) worst = fmaxf(worst, fabsf(y[i] - x[i]));
+        CHECK(worst < 1e-6f, "hadamard %d twice: off by %g", n, (double)worst);
+        float e[512] = {0};
+        e[0] = 1; /* the first column of H: 1/sqrt(hb) over the first block */
+        kv_hadamard_rows(e, 1, n);
+        bool ok = true;
+        for (int i = 0; i < n; i++)
+            if (fabsf(e[i] - (i < hb ? 1.0f / sqrtf((float)hb) : 0.0f)) > 1e-7f) ok = false;
+        CHECK(ok, "hadamard %d of a unit vector", n);
+    }
+}
+
 int main(void) {
     test_f16();
     test_fixture();
@@ -463,5 +503,6 @@ int main(void) {
     test_dot();
     test_matmul();
     test_batch_invariance();
+    test_hadamard();
     return kvt_finish();
 }

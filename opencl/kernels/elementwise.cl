@@ -94,6 +94,25 @@ kernel void scale(global float *x, ulong xoff, long n, float s) {
     if (i < n) x[xoff + i] *= s;
 }
 
+/* x(rows, n) = x H: an orthonormal Hadamard matrix on each block of hb
+ * values (a power of two <= 256), the rotation of quantized K/V pages
+ * (engine/quant.h): item (block, row), butterflies in the CPU's order. */
+kernel void hadamard(global float *x, ulong xoff, long rows, int n, int hb, float s) {
+    const int blk = get_global_id(0);
+    const long r = get_global_id(1);
+    if (r >= rows || (blk + 1) * hb > n) return;
+    global float *p = x + xoff + r * n + blk * hb;
+    float v[256];
+    for (int j = 0; j < hb; j++) v[j] = p[j];
+    for (int len = 1; len < hb; len *= 2)
+        for (int i = 0; i < hb; i += 2 * len)
+            for (int j = i; j < i + len; j++) {
+                const float a = v[j], c = v[j + len];
+                v[j] = a + c, v[j + len] = a - c;
+            }
+    for (int j = 0; j < hb; j++) p[j] = v[j] * s;
+}
+
 /* x(n) = cap * tanh(x / cap) */
 kernel void softcap(global float *x, ulong xoff, long n, float cap) {
     const long i = get_global_id(0);
