@@ -871,6 +871,25 @@ KV_VNNI512 static inline __m512i q8_key64(const uint8_t *row, int c) {
     return _mm512_xor_si512(k, _mm512_set1_epi8((char)0x80));
 }
 
+/* The same for Q4_0 K: blocks 2c, 2c + 1 (18 bytes each) as unsigned
+ * quants u = q + 8 in 0..15, values in order (low nibbles are values 0-15
+ * of a block, high nibbles 16-31): sum u q = sum (u - 8) q + 8 qsum. */
+KV_VNNI512 static inline __m512i q4_key64(const uint8_t *row, int c) {
+    const uint8_t *b = row + (size_t)c * 36;
+    const __m128i m = _mm_set1_epi8(0x0F);
+    const __m128i x0 = _mm_loadu_si128((const __m128i *)(b + 2)), x1 = _mm_loadu_si128((const __m128i *)(b + 20));
+    const __m256i y0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x0, 4), m), _mm_and_si128(x0, m));
+    const __m256i y1 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x1, 4), m), _mm_and_si128(x1, m));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(y0), y1, 1);
+}
+
+/* sum (u - 8) b[i] over one Q4_0 block's 32 quants */
+__attribute__((noinline)) static int32_t dot_q4_32(const uint8_t *qs, const int8_t *b) {
+    int32_t s = 0;
+    for (int i = 0; i < 16; i++) s += ((qs[i] & 0x0F) - 8) * (int32_t)b[i] + ((qs[i] >> 4) - 8) * (int32_t)b[i + 16];
+    return s;
+}
+
 /* 8 vectors of 16 int32 (one per key: lanes 0-7 block 0, 8-15 block 1) ->
  * [keys 0-3 block 0 | keys 0-3 block 1 | keys 4-7 block 0 | keys 4-7 block 1] */
 KV_VNNI512 static inline __m512i reduce_keys8(const __m512i a[8]) {
@@ -896,8 +915,10 @@ static int32_t dot_i8_32(const int8_t *a, const int8_t *b) {
 /* q8 (R, hd) quants, dq / qsum (R, hd/32); hd % 64 == 0; R constant */
 KV_VNNI512 static inline __attribute__((always_inline)) void
 scores_q8_r(float *s, const int8_t *q8, const float *dq, const int32_t *qsum, const int R, int hd, const uint8_t *K,
-            size_t kr, int n) {
+            size_t kr, int n, const int KT) {
     const int nc = hd / 64, nb = hd / 32;
+    /* K blocks: Q8_0 (34 bytes, quants biased by 128) or Q4_0 (18, by 8) */
+    const int bs = KT == KV_TYPE_Q4_0 ? 18 : 34, bias = KT == KV_TYPE_Q4_0 ? 8 : 128;
     int j = 0;
     for (; j + 8 <= n; j += 8) {
         const uint8_t *Kj = K + (size_t)j * kr;
@@ -907,13 +928,13 @@ scores_q8_r(float *s, const int8_t *q8, const float *dq, const int32_t *qsum, co
             __m512i kz[8];
             _Alignas(64) float dk[16];
             for (int k = 0; k < 8; k++) {
-                const uint8_t *row = Kj + (size_t)k * kr, *b = row + (size_t)c * 68;
+                const uint8_t *row = Kj + (size_t)k * kr, *b = row + (size_t)c * 2 * bs;
                 uint16_t h0, h1;
                 memcpy(&h0, b, 2);
-                memcpy(&h1, b + 34, 2);
+                memcpy(&h1, b + bs, 2);
                 dk[(k / 4) * 8 + k % 4] = _cvtsh_ss(h0);
                 dk[(k / 4) * 8 + 4 + k % 4] = _cvtsh_ss(h1);
-                kz[k] = q8_key64(row, c);
+                kz[k] = KT == KV_TYPE_Q4_0 ? q4_key64(row, c) : q8_key64(row, c);
             }
             const __m512 dkv = _mm512_load_ps(dk);
 #pragma GCC unroll 4
@@ -924,7 +945,7 @@ scores_q8_r(float *s, const int8_t *q8, const float *dq, const int32_t *qsum, co
                 for (int k = 0; k < 8; k++) a[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kz[k], qz);
                 /* [b0 x4 | b1 x4 | b0 x4 | b1 x4] of this row's two blocks */
                 const float d0 = dq[r * nb + 2 * c], d1 = dq[r * nb + 2 * c + 1];
-                const int32_t c0 = 128 * qsum[r * nb + 2 * c], c1 = 128 * qsum[r * nb + 2 * c + 1];
+                const int32_t c0 = bias * qsum[r * nb + 2 * c], c1 = bias * qsum[r * nb + 2 * c + 1];
                 const __m512 dqv = _mm512_setr_ps(d0, d0, d0, d0, d1, d1, d1, d1, d0, d0, d0, d0, d1, d1, d1, d1);
                 const __m512i cv = _mm512_setr_epi32(c0, c0, c0, c0, c1, c1, c1, c1, c0, c0, c0, c0, c1, c1, c1, c1);
                 __m512i t = _mm512_sub_epi32(reduce_keys8(a), cv);
@@ -943,10 +964,11 @@ scores_q8_r(float *s, const int8_t *q8, const float *dq, const int32_t *qsum, co
         for (int r = 0; r < R; r++) {
             float acc[2] = {0.0f, 0.0f};
             for (int b = 0; b < nb; b++) {
-                const uint8_t *blk = row + (size_t)b * 34;
+                const uint8_t *blk = row + (size_t)b * bs;
                 uint16_t h;
                 memcpy(&h, blk, 2);
-                int32_t is = dot_i8_32((const int8_t *)blk + 2, q8 + (size_t)r * hd + 32 * b);
+                int32_t is = KT == KV_TYPE_Q4_0 ? dot_q4_32(blk + 2, q8 + (size_t)r * hd + 32 * b)
+                                                : dot_i8_32((const int8_t *)blk + 2, q8 + (size_t)r * hd + 32 * b);
                 acc[b & 1] = __builtin_fmaf((float)is, _cvtsh_ss(h) * dq[r * nb + b], acc[b & 1]);
             }
             s[(size_t)r * ATT_CHUNK + j] = acc[0] + acc[1];
@@ -955,13 +977,20 @@ scores_q8_r(float *s, const int8_t *q8, const float *dq, const int32_t *qsum, co
 }
 
 KV_VNNI512 static void att_scores_q8_vnni(float *s, const int8_t *q8, const float *dq, const int32_t *qsum, int R,
-                                          int hd, const uint8_t *K, size_t kr, int n) {
-    switch (R) {
-    case 1: scores_q8_r(s, q8, dq, qsum, 1, hd, K, kr, n); break;
-    case 2: scores_q8_r(s, q8, dq, qsum, 2, hd, K, kr, n); break;
-    case 3: scores_q8_r(s, q8, dq, qsum, 3, hd, K, kr, n); break;
-    default: scores_q8_r(s, q8, dq, qsum, 4, hd, K, kr, n); break;
+                                          int hd, const uint8_t *K, size_t kr, int kt, int n) {
+#define SCORES_Q8(KT)                                                  \
+    switch (R) {                                                       \
+    case 1: scores_q8_r(s, q8, dq, qsum, 1, hd, K, kr, n, KT); break;  \
+    case 2: scores_q8_r(s, q8, dq, qsum, 2, hd, K, kr, n, KT); break;  \
+    case 3: scores_q8_r(s, q8, dq, qsum, 3, hd, K, kr, n, KT); break;  \
+    default: scores_q8_r(s, q8, dq, qsum, 4, hd, K, kr, n, KT); break; \
     }
+    if (kt == KV_TYPE_Q4_0) {
+        SCORES_Q8(KV_TYPE_Q4_0)
+    } else {
+        SCORES_Q8(KV_TYPE_Q8_0)
+    }
+#undef SCORES_Q8
 }
 
 /* Scores for R <= 4 rows (decode of a small GQA group). */
@@ -1092,7 +1121,7 @@ static void att_rows_init(const att_job *J, float *priv, int64_t t0, int tn, int
 #ifdef KV_X86
     A->simd = J->c->avx2 && hd % 8 == 0 && A->hdv % 8 == 0;
     A->wide = J->c->avx512 && hd % 16 == 0 && A->hdv % 16 == 0; /* AVX-512 kernels, rows in groups of 4 */
-    A->q8k = A->wide && J->c->vnni && A->kt == KV_TYPE_Q8_0 && hd % 64 == 0;
+    A->q8k = A->wide && J->c->vnni && (A->kt == KV_TYPE_Q8_0 || A->kt == KV_TYPE_Q4_0) && hd % 64 == 0;
 #else
     A->simd = A->wide = A->q8k = false;
 #endif
@@ -1111,7 +1140,7 @@ static void att_rows_init(const att_job *J, float *priv, int64_t t0, int tn, int
                 for (int i = 0; i < hd; i++) qr[i] = A->kt == KV_TYPE_F16 ? kv_f16_to_f32(kv_f32_to_f16(qs[i])) : qs[i];
             A->lo[r] = lo, A->hi[r] = qpos;
             A->M[r] = -INFINITY, A->L[r] = 0.0f;
-            if (A->q8k) /* the query as Q8_0 blocks (what llama.cpp does for a Q8_0 K cache) */
+            if (A->q8k) /* the query as Q8_0 blocks (what llama.cpp does for a Q8_0 / Q4_0 K cache) */
                 for (int b = 0; b < hd / 32; b++) {
                     uint8_t blk[34];
                     kv_quantize_row(KV_TYPE_Q8_0, qr + 32 * b, blk, 32);
@@ -1136,7 +1165,8 @@ static void att_scores_span(const att_rows *A, int off, const uint8_t *K, int n)
 #ifdef KV_X86
         if (A->q8k) {
             const int nb = A->hd / 32;
-            att_scores_q8_vnni(s, A->q8 + (size_t)r0 * A->hd, A->dq + r0 * nb, A->qsum + r0 * nb, q, A->hd, K, A->kr, n);
+            att_scores_q8_vnni(s, A->q8 + (size_t)r0 * A->hd, A->dq + r0 * nb, A->qsum + r0 * nb, q, A->hd, K, A->kr,
+                               A->kt, n);
             continue;
         }
         if (A->wide) {
