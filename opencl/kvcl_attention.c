@@ -24,6 +24,7 @@ size_t kvcl_kv_row_bytes(int type, int n) {
     if (type == KV_TYPE_F32) return (size_t)n * 4;
     if (type == KV_TYPE_F16) return (size_t)n * 2;
     if (type == KV_TYPE_Q8_0 && n % 32 == 0) return (size_t)n / 32 * 34;
+    if (type == KV_TYPE_Q4_0 && n % 32 == 0) return (size_t)n / 32 * 18;
     return 0;
 }
 

@@ -25,8 +25,7 @@
  * Errors: the first failing op is kept (status hook) and every later op is
  * skipped; the session reports it, and the model stays unusable (the
  * context is marked failed too). Session files go through the pool's host
- * slabs (page_sync copies a page's rows there and back). Not done here
- * yet: K/V pages in Q4_0 (refused when the cache is created).
+ * slabs (page_sync copies a page's rows there and back).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -422,9 +421,9 @@ static kv_status cl_pages_grow(kv_backend *b, kv_cache *c, int g, int32_t n_page
         int il = G->layer_ids[li];
         if (!kvcl_kv_row_bytes(c->ktypes[il], c->head_dim) || !kvcl_kv_row_bytes(c->vtypes[il], c->head_dim_v))
             return kv_fail(e, KV_ERR_UNSUPPORTED,
-                           "opencl backend: K/V pages of %s/%s (layer %d) are not supported on OpenCL yet "
-                           "(f16, f32 and q8_0 are)",
-                           type_name(c->ktypes[il]), type_name(c->vtypes[il]), il);
+                           "opencl backend: K/V pages of %s/%s with head sizes %d/%d (layer %d) are not supported "
+                           "on OpenCL (f16 and f32 need head sizes that are multiples of 16, q8_0 and q4_0 of 32)",
+                           type_name(c->ktypes[il]), type_name(c->vtypes[il]), c->head_dim, c->head_dim_v, il);
     }
     cl_pool *D = c->dev;
     if (!D) {

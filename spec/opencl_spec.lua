@@ -124,7 +124,7 @@ describe("the OpenCL backend", function()
   -- backend store the same rows (f16, or q8_0 of Hadamard-rotated K/V), so a
   -- file written by one restores on the other and decodes what the saved
   -- session decodes (F32 weights: within summation order, 1e-5).
-  for _, kt in ipairs { "f16", "q8_0" } do
+  for _, kt in ipairs { "f16", "q8_0", "q4_0" } do
     it("moves " .. kt .. " session files between the CPU engine and OpenCL, both ways", function()
       if not have_device then return pending("no OpenCL device") end
       local path = tiny.llama { n_embd = 128, n_ff = 128, seed = 5 } -- head size 32
@@ -251,12 +251,13 @@ describe("the OpenCL backend", function()
     if want:get(top[1]) - want:get(top[2]) >= 0.6 then assert.equals(top[1], got:argmax()) end
   end)
 
-  it("refuses q4_0 K/V pages and caches larger than the device with a message", function()
+  it("refuses quantized pages of heads that are not whole blocks, and caches larger than the device", function()
     if not have_device then return pending("no OpenCL device") end
-    local m = load_cl(tiny.llama { n_embd = 128, n_ff = 128 }) -- head size 32, as q4_0 pages need
-    local q, err = m:session { ctx = 64, ktype = "q4_0" }
+    local small = load_cl(tiny.llama { n_embd = 64, n_head = 4, n_head_kv = 2, n_ff = 128 }) -- head size 16
+    local q, err = small:session { ctx = 64, ktype = "q4_0" }
     assert.is_nil(q)
-    assert.matches("not supported on OpenCL yet", err)
+    assert.matches("multiple of 32", err)
+    local m = load_cl(tiny.llama { n_embd = 128, n_ff = 128 }) -- head size 32, as q4_0 pages need
     -- a cache larger than the device's memory: refused up front
     local big, berr = kvlua.cache(m, { bytes = kvlua.devices()[1].memory + (1 << 20) })
     assert.is_nil(big)

@@ -585,6 +585,29 @@ static void test_pointwise(kvcl_ctx *c) {
     }
 }
 
+/* The rotation of quantized K/V rows: the CPU's butterflies, in the same
+ * order, on rows of head sizes 32 .. 256 and one of 80 (blocks of 16). */
+static void test_hadamard(kvcl_ctx *c) {
+    static const int64_t shapes[][2] = {{7, 64}, {33, 128}, {3, 256}, {17, 32}, {5, 80}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t rows = shapes[si][0], n = shapes[si][1];
+        float *x = xmalloc(sizeof(float) * rows * n), *got = xmalloc(sizeof(float) * rows * n);
+        for (int64_t i = 0; i < rows * n; i++) x[i] = frand() * 4.0f;
+        kvcl_buf *xb = dev_buf(c, NULL, sizeof(float) * (rows * n + 3)); /* rows at offset 3 */
+        kvcl_write(c, xb, 3 * sizeof(float), x, sizeof(float) * rows * n, &g_err);
+        kv_status st = kvcl_hadamard(c, kvcl_at(xb, 3), rows, n, &g_err);
+        if (st == KV_OK) get_floats(c, xb, 3, got, rows * n);
+        kv_hadamard_rows(x, rows, n);
+        const int bad = count_outside(got, x, rows * n, 4 * FLT_EPSILON, 1e-30);
+        char name[160];
+        snprintf(name, sizeof name, "hadamard %lld x %lld: as the CPU (%d of %lld identical)", (long long)rows,
+                 (long long)n, count_exact(got, x, rows * n), (long long)(rows * n));
+        report(st == KV_OK && bad == 0, name, "%s; %d outside", st ? g_err.msg : "", bad);
+        kvcl_buf_free(xb);
+        free(x), free(got);
+    }
+}
+
 static void test_all_finite(kvcl_ctx *c) {
     const int64_t n = 4099;
     float *x = xmalloc(sizeof(float) * n);
@@ -645,8 +668,8 @@ static void encode_row(int type, const float *x, int n, uint8_t *out) {
             uint16_t h = kv_f32_to_f16(x[i]);
             memcpy(out + 2 * i, &h, 2);
         }
-    else if (type == KV_TYPE_Q8_0)
-        kv_quantize_row(KV_TYPE_Q8_0, x, out, n);
+    else if (type == KV_TYPE_Q8_0 || type == KV_TYPE_Q4_0)
+        kv_quantize_row(type, x, out, n);
     else
         memcpy(out, x, sizeof(float) * n);
 }
@@ -823,7 +846,7 @@ static void test_attention_case(kvcl_ctx *c, const att_case *a) {
 }
 
 static void test_attention(kvcl_ctx *c) {
-    const int F16 = KV_TYPE_F16, F32 = KV_TYPE_F32, Q8 = KV_TYPE_Q8_0;
+    const int F16 = KV_TYPE_F16, F32 = KV_TYPE_F32, Q8 = KV_TYPE_Q8_0, Q4 = KV_TYPE_Q4_0;
     const att_case cases[] = {
         /* n_kv G  hd  hdv  kt   vt   pos0  T  window pt cap */
         {2, 4, 64, 64, F16, F16, 699, 1, 0, 16, 0},     /* decode, keys split in slices of 256 */
@@ -835,6 +858,8 @@ static void test_attention(kvcl_ctx *c) {
         {1, 4, 256, 256, F16, F16, 2048, 1, 512, 128, 0}, /* gemma's local layers at depth */
         {4, 4, 64, 64, F16, F16, 37, 50, 0, 16, 0},     /* GQA 4 prefill */
         {2, 1, 128, 128, F32, F32, 3, 1, 2, 16, 50},    /* tiny window */
+        {3, 3, 64, 64, Q4, Q4, 299, 1, 100, 64, 0},     /* Q4_0 pages, decode, window */
+        {2, 3, 128, 64, Q4, Q8, 250, 7, 0, 32, 0},      /* Q4_0 K, Q8_0 V, short prefill after a context */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(c, &cases[i]);
 }
@@ -884,6 +909,7 @@ int main(void) {
     test_rope(g_c);
     test_pointwise(g_c);
     test_all_finite(g_c);
+    test_hadamard(g_c);
     test_attention(g_c);
 
     kvcl_close(split);
