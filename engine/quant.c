@@ -836,24 +836,62 @@ int kv_hadamard_block(int64_t n) {
 
 /* Fast Walsh-Hadamard transform of each block of hb values, scaled by
  * 1/sqrt(hb) (orthonormal; the matrix is symmetric, so it is its own
- * inverse). Butterflies in a fixed order: every row gets the same float
- * operations. */
+ * inverse). Butterflies (a + c, a - c) stage by stage, len = 1, 2, 4, ...:
+ * every row gets the same float operations, and the vector form below
+ * performs exactly the scalar one's (a + c is c + a, bit for bit), so the
+ * OpenCL kernel, written as the scalar loop, gives the same bits. */
+typedef float kv_v4 __attribute__((vector_size(16)));
+typedef int kv_i4 __attribute__((vector_size(16)));
+#ifdef __clang__
+#define SHUF1(x, a, b, c, d) __builtin_shufflevector(x, x, a, b, c, d)
+#define SHUF2(x, y, a, b, c, d) __builtin_shufflevector(x, y, a, b, c, d)
+#else
+#define SHUF1(x, a, b, c, d) __builtin_shuffle(x, (kv_i4){a, b, c, d})
+#define SHUF2(x, y, a, b, c, d) __builtin_shuffle(x, y, (kv_i4){a, b, c, d})
+#endif
+
+static void hadamard_block(float *v, int hb) {
+    if (hb < 8) {
+        for (int len = 1; len < hb; len *= 2)
+            for (int i = 0; i < hb; i += 2 * len)
+                for (int j = i; j < i + len; j++) {
+                    const float a = v[j], c = v[j + len];
+                    v[j] = a + c, v[j + len] = a - c;
+                }
+        return;
+    }
+    for (int i = 0; i < hb; i += 8) { /* len 1, 2 inside each 4, then 4 across the two halves */
+        kv_v4 x, y;
+        memcpy(&x, v + i, 16), memcpy(&y, v + i + 4, 16);
+        kv_v4 t = SHUF1(x, 1, 0, 3, 2), u = SHUF1(y, 1, 0, 3, 2);
+        x = SHUF2(x + t, t - x, 0, 5, 2, 7); /* [a0+a1, a0-a1, a2+a3, a2-a3] */
+        y = SHUF2(y + u, u - y, 0, 5, 2, 7);
+        t = SHUF1(x, 2, 3, 0, 1), u = SHUF1(y, 2, 3, 0, 1);
+        x = SHUF2(x + t, t - x, 0, 1, 6, 7);
+        y = SHUF2(y + u, u - y, 0, 1, 6, 7);
+        const kv_v4 s = x + y, d = x - y;
+        memcpy(v + i, &s, 16), memcpy(v + i + 4, &d, 16);
+    }
+    for (int len = 8; len < hb; len *= 2)
+        for (int i = 0; i < hb; i += 2 * len)
+            for (int j = i; j < i + len; j += 4) {
+                kv_v4 a, c;
+                memcpy(&a, v + j, 16), memcpy(&c, v + j + len, 16);
+                const kv_v4 s = a + c, d = a - c;
+                memcpy(v + j, &s, 16), memcpy(v + j + len, &d, 16);
+            }
+}
+
 void kv_hadamard_rows(float *x, int64_t rows, int64_t n) {
     const int hb = kv_hadamard_block(n);
     if (hb < 2) return;
     const float s = (float)(1.0 / sqrt((double)hb));
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = 0; r < rows; r++)
         for (int64_t b0 = 0; b0 < n; b0 += hb) {
             float *v = x + r * n + b0;
-            for (int len = 1; len < hb; len *= 2)
-                for (int i = 0; i < hb; i += 2 * len)
-                    for (int j = i; j < i + len; j++) {
-                        const float a = v[j], c = v[j + len];
-                        v[j] = a + c, v[j + len] = a - c;
-                    }
+            hadamard_block(v, hb);
             for (int j = 0; j < hb; j++) v[j] *= s;
         }
-    }
 }
 
 /* =========================================================================
