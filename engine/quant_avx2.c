@@ -431,6 +431,10 @@ KV_INL void tile8(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, const
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         float wd[4], wc[4];
+        /* the next rows' block b: weights larger than the caches stream from
+         * memory, and the hardware prefetchers stop at page ends */
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) _mm_prefetch((const char *)W + (NR + r) * ws + b * W32_BS(WT), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) w32_bytes(WT, W + r * ws, b, wb[r], sg[r], &wd[r], &wc[r]);
         __m256 d4 = _mm256_setzero_ps(), m4 = d4;
@@ -482,6 +486,8 @@ KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, cons
     const float *xs1 = xs8 + nb * KV_X8F;
     for (int64_t b = 0; b < nb; b++) {
         float wd[2], wc[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) _mm_prefetch((const char *)W + (NR + r) * ws + b * W32_BS(WT), _MM_HINT_T0);
 #pragma GCC unroll 2
         for (int r = 0; r < NR; r++) w32_bytes(WT, W + r * ws, b, wb[r], sg[r], &wd[r], &wc[r]);
         const uint8_t *xb0 = xi + b * 256, *xb1 = xi1 + b * 256;
