@@ -21,6 +21,23 @@
  * Records hold at most 1 MiB, so a large session is streamed straight from
  * and into its pages without a second copy. Everything little-endian.
  *
+ * Cache files (kv_cache_save, kv_cache_restore) use the same container
+ * under the magic "KVLUAKC1" (same version, flags, records and trailer), so
+ * neither kind is ever read as the other. Their stream:
+ *   u8[32] model fingerprint; u32 page_tokens, n_groups, n_layer,
+ *   n_head_kv, head_dim, head_dim_v, n_nodes, n_pages;
+ *   u32 window[n_groups]; u32 ktype[n_layer], vtype[n_layer];
+ *   n_nodes x (u32 parent: 0 for a chain's first page, else 1 + the index
+ *     of an earlier node; i32 ids[page_tokens]), parents first: node k
+ *     stands for the prefix ids(root) .. ids(parent) ids(k), and its hash
+ *     is recomputed on restore as h_k = BLAKE2b(h_parent || ids), from the
+ *     target cache's h_0 for a root;
+ *   n_pages x (u32 node, u32 group, the page's bytes as in a session file).
+ * A node appears once however many prefixes reach it, a (node, group)
+ * page at most once. The header's counts are checked against the file's
+ * size before anything is allocated; pages go into free pages only and are
+ * sealed once the whole stream has been verified (all or nothing).
+ *
  * Writing goes to a temporary file beside the target, renamed over it only
  * once complete; every failure removes it. Reading checks every count
  * against the model and the file before it allocates, and any failure
