@@ -6,6 +6,7 @@
  *                                  policy = function(candidates, need) ... end })
  *   local s = model:session{ ctx = 4096, cache = c }
  *   c:stats()  c:lookup(ids)  c:pin(ids)  c:unpin(ids)  c:clear()  c:close()
+ *   c:save(path, { key =, prefixes = })  (a cache file; kvlua.restore(model, path, { cache = c2 }) reads it)
  *
  * Lifetimes (as for sessions and models): a Cache keeps its Model alive
  * (user value 1, and the model's engine object counts it as a user); a
