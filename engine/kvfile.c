@@ -537,6 +537,7 @@ kv_status kv_cache_save(kv_cache *c, const char *path, const uint8_t *key, const
     if (pages_written) *pages_written = 0;
     if (!c || !path) return kv_fail(e, KV_ERR_ARG, "save: cache or path is NULL");
     if (!c->m) return kv_fail(e, KV_ERR_ARG, "save: the cache has no model");
+    if (prefixes && n_prefixes && !lens) return kv_fail(e, KV_ERR_ARG, "save: prefix lengths are NULL");
     if (prefixes)
         for (size_t i = 0; i < n_prefixes; i++)
             if (!prefixes[i] && lens[i]) return kv_fail(e, KV_ERR_ARG, "save: prefix %zu is NULL", i + 1);
