@@ -93,6 +93,22 @@ describe("cache files on a tiny model", function()
     end)
   end
 
+  for _, t in ipairs { "q8_0", "q4_0" } do
+    it("quantized pages (" .. t .. ") restore as they were: reuse with a cold prefill's bits", function()
+      local ids = some_ids(50, 64, 13)
+      local types = { pages = 64, ktype = t, vtype = t }
+      local c = filled(ids, types)
+      assert.same({ true, 3 }, { c:save(path) })
+      local c2 = assert(kvlua.cache(m, types))
+      assert.equals(3, select(2, assert(kvlua.restore(m, path, { cache = c2 }))))
+      local s = assert(m:session { ctx = 512, cache = c2 })
+      local warm = assert(s:prefill(ids))
+      assert.equals(48, s:stats().reused_tokens)
+      local ref = assert(m:session { ctx = 512, ktype = t, vtype = t })
+      assert.is_true(same(assert(ref:prefill(ids)), warm))
+    end)
+  end
+
   it("restores in another process (the hashes come from the target cache, not the file)", function()
     local ids = some_ids(100, 64, 6)
     local c = filled(ids)
