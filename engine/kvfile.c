@@ -23,6 +23,23 @@
  * Records hold at most 1 MiB, so a large session is streamed straight from
  * and into its pages without a second copy. Everything little-endian.
  *
+ * Cache files (kv_cache_save, kv_cache_restore) use the same container
+ * under the magic "KVLUAKC1" (same version, flags, records and trailer), so
+ * neither kind is ever read as the other. Their stream:
+ *   u8[32] model fingerprint; u32 page_tokens, n_groups, n_layer,
+ *   n_head_kv, head_dim, head_dim_v, n_nodes, n_pages;
+ *   u32 window[n_groups]; u32 ktype[n_layer], vtype[n_layer];
+ *   n_nodes x (u32 parent: 0 for a chain's first page, else 1 + the index
+ *     of an earlier node; i32 ids[page_tokens]), parents first: node k
+ *     stands for the prefix ids(root) .. ids(parent) ids(k), and its hash
+ *     is recomputed on restore as h_k = BLAKE2b(h_parent || ids), from the
+ *     target cache's h_0 for a root;
+ *   n_pages x (u32 node, u32 group, the page's bytes as in a session file).
+ * A node appears once however many prefixes reach it, a (node, group)
+ * page at most once. The header's counts are checked against the file's
+ * size before anything is allocated; pages go into free pages only and are
+ * sealed once the whole stream has been verified (all or nothing).
+ *
  * Writing goes to a temporary file beside the target, renamed over it only
  * once complete; every failure removes it. Reading checks every count
  * against the model and the file before it allocates, and any failure
@@ -307,7 +324,10 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "restore: libsodium failed to initialize");
     if (!m->info.has_weights) return kv_fail(e, KV_ERR_ARG, "restore: the model has no weights");
     uint8_t pre[16];
-    if (fread(pre, 16, 1, f) != 1 || memcmp(pre, KVF_MAGIC, 8) != 0)
+    const bool got = fread(pre, 16, 1, f) == 1;
+    if (got && memcmp(pre, "KVLUAKC1", 8) == 0)
+        return kv_fail(e, KV_ERR_FORMAT, "kv file: a cache file, not a session file (restore it into a cache)");
+    if (!got || memcmp(pre, KVF_MAGIC, 8) != 0)
         return kv_fail(e, KV_ERR_FORMAT, "kv file: not a kvlua session file (bad magic)");
     uint32_t version = get_u32(pre + 8), flags = get_u32(pre + 12);
     if (version > KVF_VERSION)
@@ -442,4 +462,389 @@ kv_status kv_session_restore(kv_model *m, const char *path, const uint8_t *key, 
     kv_status st = kv_session_restore_fp(m, f, key, cache, min_ctx, out, e);
     fclose(f);
     return st;
+}
+
+/* ==== cache files ================================================================ */
+
+#define KVC_MAGIC "KVLUAKC1"
+
+/* A stream of a cache file: as a session file's, under the cache magic. */
+static kv_status stream_init_cache(kvf_stream *s, FILE *f, bool enc, kv_error *e) {
+    kv_status st = stream_init(s, f, enc, e);
+    if (st) return st;
+    memcpy(s->pre, KVC_MAGIC, 8);
+    crypto_generichash_init(&s->hs, NULL, 0, 32);
+    crypto_generichash_update(&s->hs, s->pre, sizeof s->pre);
+    return KV_OK;
+}
+
+/* Consumes n bytes of the stream (a page the cache already holds). */
+static kv_status r_skip(kvf_stream *s, size_t n) {
+    while (n && !s->st) {
+        if (s->pos == s->n && r_fill(s)) break;
+        size_t k = s->n - s->pos < n ? s->n - s->pos : n;
+        s->pos += k, n -= k;
+    }
+    return s->st;
+}
+
+/* The cache's token nodes to write: want[n] 2 (its pages go in the file),
+ * 1 (only its ids: an ancestor), 0; order: the nodes to write, parents
+ * first. */
+static kv_status cache_pick(kv_cache *c, const int32_t *const *prefixes, const size_t *lens, size_t n_prefixes,
+                            uint8_t **want_out, int32_t **order_out, int32_t *n_out, kv_error *e) {
+    const int32_t N = c->n_tnodes;
+    uint8_t *want = calloc((size_t)(N ? N : 1), 1);
+    int32_t *order = malloc((size_t)(N ? N : 1) * sizeof *order);
+    if (!want || !order) {
+        free(want);
+        free(order);
+        return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+    }
+    if (!prefixes) {
+        for (int g = 0; g < c->n_groups; g++)
+            for (int32_t id = 0; id < c->groups[g].n_pages; id++) {
+                const kv_page *p = &c->groups[g].pages[id];
+                if (p->state == KV_PAGE_SEALED && p->tnode >= 0) want[p->tnode] = 2;
+            }
+    } else {
+        for (size_t i = 0; i < n_prefixes; i++) {
+            kv_hash h = c->h0;
+            for (size_t j = 0; j + (size_t)c->pt <= lens[i]; j += (size_t)c->pt) {
+                kv_chain_hash(&h, prefixes[i] + j, c->pt, &h);
+                int32_t n = kv_pool_tnode_find(c, &h);
+                if (n < 0) break; /* no sealed page of this prefix from here on */
+                want[n] = 2;
+            }
+        }
+    }
+    for (int32_t n = 0; n < N; n++)
+        if (want[n] == 2)
+            for (int32_t p = c->tnodes[n].parent; p >= 0 && !want[p]; p = c->tnodes[p].parent) want[p] = 1;
+    /* by depth (a counting sort): parents before children */
+    int32_t k = 0, max_depth = 0;
+    for (int32_t n = 0; n < N; n++)
+        if (want[n] && c->tnodes[n].depth > max_depth) max_depth = c->tnodes[n].depth;
+    int32_t *at = calloc((size_t)max_depth + 2, sizeof *at);
+    if (!at) {
+        free(want);
+        free(order);
+        return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+    }
+    for (int32_t n = 0; n < N; n++)
+        if (want[n]) at[c->tnodes[n].depth + 1]++, k++;
+    for (int32_t d = 0; d <= max_depth; d++) at[d + 1] += at[d];
+    for (int32_t n = 0; n < N; n++)
+        if (want[n]) order[at[c->tnodes[n].depth]++] = n;
+    free(at);
+    *want_out = want, *order_out = order, *n_out = k;
+    return KV_OK;
+}
+
+kv_status kv_cache_save(kv_cache *c, const char *path, const uint8_t *key, const int32_t *const *prefixes,
+                        const size_t *lens, size_t n_prefixes, int64_t *pages_written, kv_error *e) {
+    if (pages_written) *pages_written = 0;
+    if (!c || !path) return kv_fail(e, KV_ERR_ARG, "save: cache or path is NULL");
+    if (!c->m) return kv_fail(e, KV_ERR_ARG, "save: the cache has no model");
+    if (prefixes && n_prefixes && !lens) return kv_fail(e, KV_ERR_ARG, "save: prefix lengths are NULL");
+    if (prefixes)
+        for (size_t i = 0; i < n_prefixes; i++)
+            if (!prefixes[i] && lens[i]) return kv_fail(e, KV_ERR_ARG, "save: prefix %zu is NULL", i + 1);
+    if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "save: libsodium failed to initialize");
+    kv_model *m = c->m;
+    const kv_model_info *in = &m->info;
+    uint8_t fp[32];
+    kv_status st = kv_model_fingerprint(m, fp, NULL, e);
+    if (st) return st;
+    uint8_t *want = NULL;
+    int32_t *order = NULL, n_nodes = 0;
+    if ((st = cache_pick(c, prefixes, lens, n_prefixes, &want, &order, &n_nodes, e))) return st;
+    int32_t *fidx = malloc((size_t)(c->n_tnodes ? c->n_tnodes : 1) * sizeof *fidx);
+    if (!fidx) {
+        free(want);
+        free(order);
+        return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+    }
+    uint32_t n_pages = 0;
+    for (int32_t k = 0; k < n_nodes; k++) {
+        fidx[order[k]] = k;
+        if (want[order[k]] == 2)
+            for (int g = 0; g < c->n_groups; g++) n_pages += kv_pool_find(c, g, &c->tnodes[order[k]].hash) >= 0;
+    }
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    int fd = -1;
+    if (!tmp) {
+        st = kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+    } else {
+        snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
+        if ((fd = mkstemp(tmp)) < 0)
+            st = kv_fail(e, KV_ERR_IO, "save: cannot create a file beside %s: %s", path, strerror(errno));
+    }
+    FILE *f = NULL;
+    if (st == KV_OK) {
+        f = fdopen(fd, "wb");
+        kvf_stream w;
+        st = f ? stream_init_cache(&w, f, key != NULL, e) : kv_fail(e, KV_ERR_IO, "save: %s", strerror(errno));
+        if (st == KV_OK) {
+            errno = 0;
+            if (fwrite(w.pre, sizeof w.pre, 1, f) != 1) io_fail(&w, "write");
+            if (key && !w.st) {
+                uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
+                crypto_secretstream_xchacha20poly1305_init_push(&w.ss, hdr, key);
+                if (fwrite(hdr, sizeof hdr, 1, f) != 1) io_fail(&w, "write");
+            }
+            w_bytes(&w, fp, 32);
+            const uint32_t hv[8] = {(uint32_t)c->pt, (uint32_t)c->n_groups, (uint32_t)in->n_layer,
+                                    (uint32_t)in->n_head_kv, (uint32_t)in->head_dim, (uint32_t)in->head_dim_v,
+                                    (uint32_t)n_nodes, n_pages};
+            for (int i = 0; i < 8; i++) w_u32(&w, hv[i]);
+            for (int g = 0; g < c->n_groups; g++) w_u32(&w, (uint32_t)c->groups[g].window);
+            for (int il = 0; il < 2 * in->n_layer; il++) w_u32(&w, (uint32_t)c->ktypes[il]); /* K types, then V */
+            for (int32_t k = 0; k < n_nodes && !w.st; k++) {
+                const kv_tnode *t = &c->tnodes[order[k]];
+                w_u32(&w, t->parent < 0 ? 0u : (uint32_t)fidx[t->parent] + 1u);
+                const int32_t *ids = kv_pool_tnode_ids(c, order[k]);
+                for (int i = 0; i < c->pt; i++) w_u32(&w, (uint32_t)ids[i]);
+            }
+            /* pages, straight from the pool */
+            kv_backend *be = &m->be;
+            for (int32_t k = 0; k < n_nodes && !w.st; k++) {
+                if (want[order[k]] != 2) continue;
+                for (int g = 0; g < c->n_groups && !w.st; g++) {
+                    int32_t id = kv_pool_find(c, g, &c->tnodes[order[k]].hash);
+                    if (id < 0) continue;
+                    if (be->page_sync && (w.st = be->page_sync(be, c, g, id, false, e))) break;
+                    w_u32(&w, (uint32_t)k);
+                    w_u32(&w, (uint32_t)g);
+                    for (int li = 0; li < c->groups[g].n_layers; li++)
+                        for (int h = 0; h < c->n_kv; h++) {
+                            const int il = c->groups[g].layer_ids[li];
+                            w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, false), (size_t)c->pt * c->krows[il]);
+                            w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, true), (size_t)c->pt * c->vrows[il]);
+                        }
+                }
+            }
+            if (key || w.n) w_flush(&w, true); /* plain: no empty record (it would read as the end) */
+            if (!key && !w.st) {
+                uint8_t end[4] = {0}, h[32];
+                crypto_generichash_final(&w.hs, h, sizeof h);
+                if (fwrite(end, 4, 1, f) != 1 || fwrite(h, 32, 1, f) != 1) io_fail(&w, "write");
+            }
+            if (!w.st && (fflush(f) != 0 || fsync(fileno(f)) != 0)) io_fail(&w, "write");
+            st = w.st;
+            stream_free(&w);
+        }
+        if (f) {
+            if (fclose(f) != 0 && st == KV_OK) st = kv_fail(e, KV_ERR_IO, "save: %s: %s", path, strerror(errno));
+        } else {
+            close(fd);
+        }
+        if (st == KV_OK && rename(tmp, path) != 0)
+            st = kv_fail(e, KV_ERR_IO, "save: cannot rename to %s: %s", path, strerror(errno));
+        if (st != KV_OK) unlink(tmp);
+    }
+    free(tmp);
+    free(want);
+    free(order);
+    free(fidx);
+    if (st == KV_OK && pages_written) *pages_written = n_pages;
+    return st;
+}
+
+kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t *pages_added, kv_error *e) {
+    if (pages_added) *pages_added = 0;
+    if (!c || !f) return kv_fail(e, KV_ERR_ARG, "restore: cache or file is NULL");
+    if (!c->m) return kv_fail(e, KV_ERR_ARG, "restore: the cache has no model");
+    if (!c->prefix) return kv_fail(e, KV_ERR_ARG, "restore: the cache does not reuse prefixes (prefix = false)");
+    if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "restore: libsodium failed to initialize");
+    kv_model *m = c->m;
+    const kv_model_info *in = &m->info;
+    uint8_t pre[16];
+    if (fread(pre, 16, 1, f) != 1) return kv_fail(e, KV_ERR_FORMAT, "kv file: not a kvlua cache file (too short)");
+    if (memcmp(pre, KVF_MAGIC, 8) == 0)
+        return kv_fail(e, KV_ERR_FORMAT, "kv file: a session file, not a cache file (restore it as a session)");
+    if (memcmp(pre, KVC_MAGIC, 8) != 0) return kv_fail(e, KV_ERR_FORMAT, "kv file: not a kvlua cache file (bad magic)");
+    uint32_t version = get_u32(pre + 8), flags = get_u32(pre + 12);
+    if (version > KVF_VERSION)
+        return kv_fail(e, KV_ERR_UNSUPPORTED, "kv file: format version %u is newer than this kvlua reads (%u)", version,
+                       KVF_VERSION);
+    if (version == 0 || flags > 1) return kv_fail(e, KV_ERR_FORMAT, "kv file: bad version or flags");
+    const bool enc = flags & 1;
+    if (enc && !key) return kv_fail(e, KV_ERR_ARG, "kv file: the file is encrypted: a key is needed");
+    if (!enc && key) return kv_fail(e, KV_ERR_FORMAT, "kv file: the file is not encrypted, but a key was given");
+    /* the file's size bounds what its header may promise */
+    long here = ftell(f);
+    uint64_t size = 0;
+    if (here < 0 || fseek(f, 0, SEEK_END) != 0) return kv_fail(e, KV_ERR_IO, "kv file: cannot tell the file's size");
+    long end = ftell(f);
+    if (end < 0 || fseek(f, here, SEEK_SET) != 0) return kv_fail(e, KV_ERR_IO, "kv file: cannot tell the file's size");
+    size = (uint64_t)end;
+
+    kvf_stream r;
+    kv_status st = stream_init_cache(&r, f, enc, e);
+    int *types = NULL;
+    kv_hash *hash = NULL;
+    int32_t *parent = NULL, *ids = NULL, *slot = NULL, *pn = NULL;
+    uint32_t n_nodes = 0;
+    const int G = c->n_groups, pt = c->pt;
+    if (st) goto done;
+    if (enc) {
+        uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
+        if (fread(hdr, sizeof hdr, 1, f) != 1 || crypto_secretstream_xchacha20poly1305_init_pull(&r.ss, hdr, key) != 0) {
+            st = kv_fail(e, KV_ERR_FORMAT, "kv file: truncated or bad stream header");
+            goto done;
+        }
+    }
+    uint8_t fp[32], mine[32];
+    r_bytes(&r, fp, 32);
+    uint32_t hv[8];
+    for (int i = 0; i < 8; i++) hv[i] = r_u32(&r);
+    if ((st = r.st)) goto done;
+    if ((st = kv_model_fingerprint(m, mine, NULL, e))) goto done;
+    if (sodium_memcmp(fp, mine, 32) != 0) {
+        st = kv_fail(e, KV_ERR_ARG, "model fingerprint mismatch (the file was saved with another model file)");
+        goto done;
+    }
+    if (hv[2] != (uint32_t)in->n_layer || hv[3] != (uint32_t)in->n_head_kv || hv[4] != (uint32_t)in->head_dim ||
+        hv[5] != (uint32_t)in->head_dim_v || hv[1] != (uint32_t)G) {
+        st = fmt_fail(&r, "header does not describe a cache of this model");
+        goto done;
+    }
+    n_nodes = hv[6];
+    const uint32_t n_pages = hv[7];
+    for (int g = 0; g < G; g++)
+        if (r_u32(&r) != (uint32_t)c->groups[g].window && !r.st) fmt_fail(&r, "attention windows differ from the model's");
+    types = malloc(2 * (size_t)in->n_layer * sizeof(int));
+    if (!types) {
+        st = kv_fail(e, KV_ERR_NOMEM, "restore: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < 2 * in->n_layer; i++) types[i] = (int)r_u32(&r);
+    if ((st = r.st)) goto done;
+    if (hv[0] != (uint32_t)pt || memcmp(c->ktypes, types, 2 * (size_t)in->n_layer * sizeof(int)) != 0) {
+        st = kv_fail(e, KV_ERR_ARG, "restore: the file's K/V types or page size differ from the cache's");
+        goto done;
+    }
+    {
+        uint64_t min_page = UINT64_MAX;
+        for (int g = 0; g < G; g++)
+            if (c->groups[g].page_bytes < min_page) min_page = c->groups[g].page_bytes;
+        const uint64_t need = (uint64_t)n_nodes * (4 + 4 * (uint64_t)pt) + (uint64_t)n_pages * (8 + min_page);
+        if (n_nodes > (uint32_t)INT32_MAX / (uint32_t)(G + 1) || need > size) {
+            st = fmt_fail(&r, "truncated (the header promises more than the file holds)");
+            goto done;
+        }
+    }
+    const size_t NN = n_nodes ? n_nodes : 1;
+    hash = malloc(NN * sizeof *hash);
+    parent = malloc(NN * sizeof *parent);
+    ids = malloc(NN * (size_t)pt * sizeof *ids);
+    slot = malloc(NN * (size_t)G * sizeof *slot);
+    pn = malloc(NN * sizeof *pn);
+    if (!hash || !parent || !ids || !slot || !pn) {
+        st = kv_fail(e, KV_ERR_NOMEM, "restore: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < NN * (size_t)G; i++) slot[i] = -1;
+    /* nodes: every hash recomputed from this cache's h_0 */
+    int32_t *depth = pn; /* (until the nodes are made) */
+    for (uint32_t k = 0; k < n_nodes && !r.st; k++) {
+        uint32_t p = r_u32(&r);
+        if (p > k) {
+            fmt_fail(&r, "a node before its parent");
+            break;
+        }
+        parent[k] = (int32_t)p - 1;
+        int32_t *ki = ids + (size_t)k * pt;
+        for (int i = 0; i < pt && !r.st; i++) {
+            uint32_t id = r_u32(&r);
+            if (id >= (uint32_t)in->n_vocab && !r.st) fmt_fail(&r, "token id out of range");
+            ki[i] = (int32_t)id;
+        }
+        depth[k] = p ? depth[p - 1] + 1 : 0;
+        if ((uint64_t)depth[k] >= (uint64_t)INT32_MAX / (uint64_t)pt && !r.st) fmt_fail(&r, "a chain too long");
+        kv_chain_hash(p ? &hash[p - 1] : &c->h0, ki, pt, &hash[k]);
+    }
+    /* pages: into free pages (nothing is evicted for a restore) */
+    kv_backend *be = &m->be;
+    for (uint32_t j = 0; j < n_pages && !r.st; j++) {
+        uint32_t k = r_u32(&r), g = r_u32(&r);
+        if (r.st) break;
+        if (k >= n_nodes || g >= (uint32_t)G || slot[(size_t)k * G + g] != -1) {
+            fmt_fail(&r, "a page out of place (node, group, or twice)");
+            break;
+        }
+        const kv_group *Gp = &c->groups[g];
+        if (kv_pool_find(c, (int)g, &hash[k]) >= 0) { /* already here */
+            slot[(size_t)k * G + g] = -2;
+            r_skip(&r, Gp->page_bytes);
+            continue;
+        }
+        int32_t id;
+        if ((st = kv_pool_take_free(c, (int)g, &id, e))) {
+            r.st = st;
+            break;
+        }
+        slot[(size_t)k * G + g] = id;
+        for (int li = 0; li < Gp->n_layers && !r.st; li++)
+            for (int h = 0; h < c->n_kv && !r.st; h++) {
+                const int il = Gp->layer_ids[li];
+                r_bytes(&r, kv_pool_row(c, (int)g, id, li, h, 0, false), (size_t)pt * c->krows[il]);
+                r_bytes(&r, kv_pool_row(c, (int)g, id, li, h, 0, true), (size_t)pt * c->vrows[il]);
+            }
+        if (!r.st && be->page_sync) r.st = be->page_sync(be, c, (int)g, id, true, e);
+    }
+    if ((st = r.st) || (st = r_end(&r))) goto done;
+    /* the file is whole: its nodes join the cache's, its pages are sealed, unreferenced */
+    int64_t added = 0;
+    for (uint32_t k = 0; k < n_nodes; k++) {
+        const int32_t d = depth[k];
+        int32_t n = kv_pool_tnode_find(c, &hash[k]);
+        if (n < 0) n = kv_pool_tnode_add(c, &hash[k], parent[k] >= 0 ? pn[parent[k]] : -1, ids + (size_t)k * pt, d);
+        pn[k] = n; /* depth[k] is read before pn[k] is written: they share the array */
+        for (int g = 0; g < G; g++) {
+            int32_t id = slot[(size_t)k * G + g];
+            if (id < 0) continue;
+            int32_t got = kv_pool_seal_node(c, g, id, d, &hash[k], n);
+            if (got == id && c->groups[g].pages[id].state == KV_PAGE_SEALED) added++;
+            kv_pool_unref(c, g, id); /* sealed: cached; else (a twin, a collision): free again */
+            slot[(size_t)k * G + g] = -2;
+        }
+    }
+    for (uint32_t k = n_nodes; k-- > 0;) kv_pool_tnode_trim(c, pn[k]);
+    if (pages_added) *pages_added = added;
+done:
+    if (st != KV_OK && slot)
+        for (size_t i = 0; i < (size_t)n_nodes * G; i++)
+            if (slot[i] >= 0) kv_pool_unref(c, (int)(i % G), slot[i]); /* back to the free list */
+    if (r.buf) stream_free(&r);
+    free(types);
+    free(hash);
+    free(parent);
+    free(ids);
+    free(slot);
+    free(pn);
+    return st;
+}
+
+kv_status kv_cache_restore(kv_cache *c, const char *path, const uint8_t *key, int64_t *pages_added, kv_error *e) {
+    if (pages_added) *pages_added = 0;
+    if (!c || !path) return kv_fail(e, KV_ERR_ARG, "restore: cache or path is NULL");
+    FILE *f = fopen(path, "rb");
+    if (!f) return kv_fail(e, KV_ERR_IO, "restore: %s: %s", path, strerror(errno));
+    kv_status st = kv_cache_restore_fp(c, f, key, pages_added, e);
+    fclose(f);
+    return st;
+}
+
+int kv_file_kind(const char *path) {
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f) return KV_FILE_NONE;
+    char magic[8];
+    int kind = KV_FILE_NONE;
+    if (fread(magic, 8, 1, f) == 1)
+        kind = !memcmp(magic, KVF_MAGIC, 8) ? KV_FILE_SESSION : !memcmp(magic, KVC_MAGIC, 8) ? KV_FILE_CACHE : KV_FILE_NONE;
+    fclose(f);
+    return kind;
 }

@@ -284,6 +284,30 @@ kv_status kv_session_restore(kv_model *m, const char *path, const uint8_t *key, 
 kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cache *cache, int min_ctx,
                                 kv_session **out, kv_error *e);
 
+/* Cache files: the sealed pages of a cache with the token ids of their
+ * chains (a session file and a cache file are told apart by their magic).
+ * kv_cache_save writes, for each of the n_prefixes token prefixes, every
+ * full page of its chain sealed in the cache, in every layer group (a page
+ * reached by several prefixes once); prefixes NULL: every sealed page.
+ * Same container as session files (key: XChaCha20-Poly1305, or NULL: a
+ * BLAKE2b checksum; written aside and renamed). pages_written: pages in
+ * the file (may be NULL). */
+kv_status kv_cache_save(kv_cache *c, const char *path, const uint8_t *key, const int32_t *const *prefixes,
+                        const size_t *lens, size_t n_prefixes, int64_t *pages_written, kv_error *e);
+/* Puts the pages of a cache file into c as sealed, unreferenced (cached)
+ * pages, every chain hash recomputed from c's h_0 and the stored ids. The
+ * file must come from this model file ("model fingerprint mismatch") with
+ * c's K/V types and page size. Pages c already holds are skipped; the rest
+ * go into free pages only (nothing is evicted): if they do not fit, "cache
+ * full: ..." and nothing is added. All or nothing: on any failure (wrong
+ * key, altered, truncated or appended data, ...) c is as before.
+ * pages_added: pages added (may be NULL). */
+kv_status kv_cache_restore(kv_cache *c, const char *path, const uint8_t *key, int64_t *pages_added, kv_error *e);
+kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t *pages_added, kv_error *e);
+/* What the file at path is by its magic (KV_FILE_NONE: neither, or unreadable). */
+enum { KV_FILE_NONE = 0, KV_FILE_SESSION = 1, KV_FILE_CACHE = 2 };
+int kv_file_kind(const char *path);
+
 /* Context shift: drops positions [keep, keep + drop) and moves the later
  * ones down by drop, their keys re-rotated (RoPE) for the new positions;
  * quantized pages are re-quantized. The result approximates a cold prefill

@@ -254,6 +254,9 @@ static void pool_free(kv_cache *c) {
     if (c->dev) c->dev_free(c->dev);
     for (int g = 0; g < c->n_groups; g++) group_free(&c->groups[g]);
     hmap_free(&c->pins);
+    hmap_free(&c->tnode_index);
+    free(c->tnodes);
+    free(c->tnode_ids);
     free(c->layer_group);
     free(c->layer_index);
     free(c->ktypes);
@@ -306,6 +309,7 @@ static kv_status pool_open_shape(kv_model *m, const kv_pool_shape *in, const kv_
     kv_cache *c = calloc(1, sizeof *c);
     if (!c) return kv_fail(e, KV_ERR_NOMEM, "cache: out of memory");
     c->m = m;
+    c->tnode_free = -1;
     c->n_layer = in->n_layer;
     c->refs = 1;
     c->is_private = private_ctx > 0;
@@ -500,7 +504,12 @@ static void evict(kv_cache *c, int g, int32_t id) {
     if (G->evicted.n > 65536) hmap_free(&G->evicted); /* a bounded record */
     hmap_put(&G->evicted, k, 1);
     lru_unlink(G, id);
+    int32_t tn = p->tnode;
     free_push(G, id);
+    if (tn >= 0) {
+        c->tnodes[tn].refs--;
+        kv_pool_tnode_trim(c, tn);
+    }
     c->evictions++;
 }
 
@@ -648,6 +657,25 @@ kv_status kv_pool_take(kv_cache *c, int g, int n, int32_t *ids, kv_error *e) {
     return KV_OK;
 }
 
+kv_status kv_pool_take_free(kv_cache *c, int g, int32_t *id, kv_error *e) {
+    kv_group *G = &c->groups[g];
+    if (group_room(c, g) < 1)
+        return kv_fail(e, KV_ERR_CACHE_FULL, "cache full: no free page left in layer group %d (%d in use by sessions, "
+                       "%d cached; capacity %llu bytes)", g, (int)G->n_used, (int)G->n_cached,
+                       (unsigned long long)c->capacity_bytes);
+    int32_t k = free_pop(G);
+    kv_page *p = &G->pages[k];
+    p->state = KV_PAGE_OWNED;
+    p->ref = 1;
+    p->lp = -1;
+    p->tnode = -1;
+    p->lru_prev = p->lru_next = -1;
+    p->last_use = ++c->tick;
+    G->n_used++;
+    *id = k;
+    return KV_OK;
+}
+
 int32_t kv_pool_find(const kv_cache *c, int g, const kv_hash *h) {
     const kv_group *G = &c->groups[g];
     const int32_t *v = hmap_get(&G->index, hkey(h));
@@ -659,7 +687,7 @@ bool kv_pool_was_evicted(const kv_cache *c, int g, const kv_hash *h) {
     return hmap_get(&c->groups[g].evicted, hkey(h)) != NULL;
 }
 
-int32_t kv_pool_seal(kv_cache *c, int g, int32_t id, int32_t lp, const kv_hash *h) {
+int32_t kv_pool_seal_node(kv_cache *c, int g, int32_t id, int32_t lp, const kv_hash *h, int32_t tnode) {
     kv_group *G = &c->groups[g];
     int32_t have = kv_pool_find(c, g, h);
     if (have >= 0) return have;
@@ -670,8 +698,80 @@ int32_t kv_pool_seal(kv_cache *c, int g, int32_t id, int32_t lp, const kv_hash *
     p->lp = lp;
     p->hash = *h;
     p->pinned = hmap_get(&c->pins, hkey(h)) != NULL;
+    p->tnode = tnode;
+    if (tnode >= 0) c->tnodes[tnode].refs++;
     hmap_del(&G->evicted, hkey(h));
     return id;
+}
+
+int32_t kv_pool_seal(kv_cache *c, int g, int32_t id, int32_t lp, const kv_hash *chain, const int32_t *tokens) {
+    const kv_hash *h = &chain[lp];
+    int32_t have = kv_pool_find(c, g, h);
+    if (have >= 0) return have;
+    /* the token node: below the deepest node the chain already has */
+    int j = lp;
+    int32_t n = -1;
+    while (j >= 0 && (n = kv_pool_tnode_find(c, &chain[j])) < 0) j--;
+    for (j++; j <= lp; j++) {
+        int32_t k = kv_pool_tnode_add(c, &chain[j], n, tokens + (size_t)j * c->pt, j);
+        if (k < 0) {
+            kv_pool_tnode_trim(c, n);
+            n = -1;
+            break;
+        }
+        n = k;
+    }
+    int32_t r = kv_pool_seal_node(c, g, id, lp, h, n);
+    if (n >= 0) kv_pool_tnode_trim(c, n); /* not sealed after all: the new nodes go */
+    return r;
+}
+
+/* ==== token nodes ================================================================ */
+
+int32_t kv_pool_tnode_find(const kv_cache *c, const kv_hash *h) {
+    const int32_t *v = hmap_get(&c->tnode_index, hkey(h));
+    if (!v || memcmp(c->tnodes[*v].hash.b, h->b, KV_HASH_BYTES) != 0) return -1;
+    return *v;
+}
+
+int32_t kv_pool_tnode_add(kv_cache *c, const kv_hash *h, int32_t parent, const int32_t *ids, int32_t depth) {
+    if ((parent < 0) != (depth == 0) || hmap_get(&c->tnode_index, hkey(h))) return -1;
+    int32_t n = c->tnode_free;
+    if (n < 0) {
+        if (c->n_tnodes == c->cap_tnodes) {
+            if (c->cap_tnodes > INT32_MAX / 4) return -1;
+            int32_t cap = c->cap_tnodes ? c->cap_tnodes * 2 : 64;
+            kv_tnode *t = realloc(c->tnodes, (size_t)cap * sizeof *t);
+            if (!t) return -1;
+            c->tnodes = t;
+            int32_t *ti = realloc(c->tnode_ids, (size_t)cap * (size_t)c->pt * sizeof *ti);
+            if (!ti) return -1;
+            c->tnode_ids = ti;
+            c->cap_tnodes = cap;
+        }
+        n = c->n_tnodes;
+        if (!hmap_put(&c->tnode_index, hkey(h), n)) return -1;
+        c->n_tnodes++;
+    } else {
+        if (!hmap_put(&c->tnode_index, hkey(h), n)) return -1;
+        c->tnode_free = c->tnodes[n].parent;
+    }
+    c->tnodes[n] = (kv_tnode){*h, parent, 0, depth};
+    memcpy(c->tnode_ids + (size_t)n * c->pt, ids, (size_t)c->pt * sizeof *ids);
+    if (parent >= 0) c->tnodes[parent].refs++;
+    return n;
+}
+
+void kv_pool_tnode_trim(kv_cache *c, int32_t n) {
+    while (n >= 0 && c->tnodes[n].refs == 0) {
+        int32_t parent = c->tnodes[n].parent;
+        hmap_del(&c->tnode_index, hkey(&c->tnodes[n].hash));
+        c->tnodes[n].refs = -1;
+        c->tnodes[n].parent = c->tnode_free;
+        c->tnode_free = n;
+        if (parent >= 0) c->tnodes[parent].refs--;
+        n = parent;
+    }
 }
 
 /* ==== public queries ============================================================= */

@@ -23,6 +23,12 @@
  * Chain hashes: h_0 = BLAKE2b(model fingerprint, K/V types, pt), and
  * h_i = BLAKE2b(h_{i-1} || token ids of page i as int32 LE). A page is found
  * again by the hash of the whole prefix it ends.
+ *
+ * Token nodes: the cache keeps the token ids behind the hashes of its
+ * sealed pages, one node per chain hash (shared by the groups): the page's
+ * ids and the node of the page before it. A node lives while a sealed page
+ * has its hash or a node names it as parent, so every sealed page's whole
+ * prefix can be spelled out again (cache files, kvfile.c).
  */
 #ifndef KV_KVPOOL_H
 #define KV_KVPOOL_H
@@ -50,7 +56,15 @@ typedef struct {
     uint64_t last_use;  /* cache tick of the last attach or release */
     int32_t lru_prev, lru_next; /* cached (SEALED, ref 0) pages, oldest first */
     kv_hash hash;       /* chain hash when SEALED */
+    int32_t tnode;      /* SEALED: its token node, or -1 (none could be kept) */
 } kv_page;
+
+typedef struct {
+    kv_hash hash;       /* the chain hash of the page it spells */
+    int32_t parent;     /* the node of the page before, -1 for page 0; free list link when free */
+    int32_t refs;       /* sealed pages with this hash + child nodes; -1: free */
+    int32_t depth;      /* logical page index */
+} kv_tnode;
 
 /* 64-bit key -> int32 value, open addressing (the prefix index, pins,
  * the record of evicted hashes). */
@@ -99,6 +113,10 @@ struct kv_cache {
     uint64_t tick;
     kv_hash h0;
     kv_hmap pins;        /* hash -> pin count */
+    kv_tnode *tnodes;    /* token nodes (cap_tnodes), their ids in tnode_ids (pt each) */
+    int32_t *tnode_ids;
+    int32_t n_tnodes, cap_tnodes, tnode_free;
+    kv_hmap tnode_index; /* hash -> node */
     kv_evict_fn policy;
     void *policy_ud;
     kv_cache *next_of_model; /* the model's list of caches (lookup "other types") */
@@ -144,10 +162,27 @@ void kv_pool_unref(kv_cache *c, int g, int32_t id);
 static inline size_t kv_pool_row_bytes(const kv_cache *c, int il, bool v) { return v ? c->vrows[il] : c->krows[il]; }
 /* Copies the K/V rows of page src into page dst (both of group g). */
 void kv_pool_copy(kv_cache *c, int g, int32_t dst, int32_t src);
-/* Seals an OWNED full page under hash h (logical page lp). If a page with
- * that hash is already sealed, returns that page's id (the caller switches
- * to it) and leaves id as it was; else returns id. */
-int32_t kv_pool_seal(kv_cache *c, int g, int32_t id, int32_t lp, const kv_hash *h);
+/* Seals an OWNED full page under hash chain[lp] (logical page lp; chain
+ * and tokens: the hashes of pages 0..lp and their ids, for its token node).
+ * If a page with that hash is already sealed, returns that page's id (the
+ * caller switches to it) and leaves id as it was; else returns id. */
+int32_t kv_pool_seal(kv_cache *c, int g, int32_t id, int32_t lp, const kv_hash *chain, const int32_t *tokens);
+/* The same with the token node given (-1: none; kv_pool_tnode_add). */
+int32_t kv_pool_seal_node(kv_cache *c, int g, int32_t id, int32_t lp, const kv_hash *h, int32_t tnode);
+/* Token nodes: the node of hash h, or -1; a new node (no references yet:
+ * seal a page with it, or kv_pool_tnode_trim it) for hash h, page ids
+ * `ids` (pt of them) after node parent (-1 exactly when depth is 0), or -1
+ * (no memory, or a 64-bit key collision); trim frees node n and then its
+ * ancestors while nothing refers to them. */
+int32_t kv_pool_tnode_find(const kv_cache *c, const kv_hash *h);
+int32_t kv_pool_tnode_add(kv_cache *c, const kv_hash *h, int32_t parent, const int32_t *ids, int32_t depth);
+void kv_pool_tnode_trim(kv_cache *c, int32_t n);
+static inline const int32_t *kv_pool_tnode_ids(const kv_cache *c, int32_t n) {
+    return c->tnode_ids + (size_t)n * (size_t)c->pt;
+}
+/* Takes one OWNED page of group g only if there is room without evicting
+ * (else "cache full"). */
+kv_status kv_pool_take_free(kv_cache *c, int g, int32_t *id, kv_error *e);
 /* The sealed page of group g for hash h, or -1. */
 int32_t kv_pool_find(const kv_cache *c, int g, const kv_hash *h);
 bool kv_pool_was_evicted(const kv_cache *c, int g, const kv_hash *h);

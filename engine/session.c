@@ -205,7 +205,7 @@ static void seal_full_pages(kv_session *s) {
         for (int g = 0; g < c->n_groups; g++) {
             int32_t id = s->kv->tab[g][lp];
             if (id < 0 || c->groups[g].pages[id].state != KV_PAGE_OWNED) continue;
-            int32_t sealed = kv_pool_seal(c, g, id, lp, &s->chain[lp]);
+            int32_t sealed = kv_pool_seal(c, g, id, lp, s->chain, s->tokens);
             if (sealed != id) set_page(s, g, lp, sealed);
         }
     }

@@ -1107,7 +1107,9 @@ static int l_utf8_complete(lua_State *L) {
     return 1;
 }
 
-/* kvlua.restore(model, path, { key =, cache =, ctx = }) --> session | nil, err */
+/* kvlua.restore(model, path, { key =, cache =, ctx = }) --> session | nil, err
+ * for a session file; for a cache file (c:save) with cache = c:
+ * --> c, pages_added | nil, err (the pages join c; ctx does not apply). */
 static int l_restore(lua_State *L) {
     l_model *lm = l_model_enter(L);
     const char *path = l_check_cstr(L, 2);
@@ -1123,6 +1125,18 @@ static int l_restore(lua_State *L) {
         if (kv_cache_model(lc->c) != lm->m) luaL_error(L, "option 'cache': the cache belongs to another model");
     } else {
         lua_pop(L, 1);
+    }
+    if (kv_file_kind(path) == KV_FILE_CACHE) {
+        if (!lc) return l_fail(L, "restore: a cache file: restore it into a cache (kvlua.restore(model, path, { cache = c }))");
+        kv_error e = {{0}};
+        int64_t added = 0;
+        l_cache_before_eval(L, lc); /* not while its policy runs */
+        kv_status st = kv_cache_restore(lc->c, path, key, &added, &e);
+        l_cache_after_eval(L, lc);
+        if (st != KV_OK) return l_fail(L, e.msg);
+        lua_pushvalue(L, ci);
+        lua_pushinteger(L, (lua_Integer)added);
+        return 2;
     }
     l_session *ls = l_session_push(L, 1, ci);
     kv_error e = {{0}};

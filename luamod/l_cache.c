@@ -6,6 +6,7 @@
  *                                  policy = function(candidates, need) ... end })
  *   local s = model:session{ ctx = 4096, cache = c }
  *   c:stats()  c:lookup(ids)  c:pin(ids)  c:unpin(ids)  c:clear()  c:close()
+ *   c:save(path, { key =, prefixes = })  (a cache file; kvlua.restore(model, path, { cache = c2 }) reads it)
  *
  * Lifetimes (as for sessions and models): a Cache keeps its Model alive
  * (user value 1, and the model's engine object counts it as a user); a
@@ -423,6 +424,69 @@ static int l_cache_clear(lua_State *L) {
     return 1;
 }
 
+/* c:save(path, { key = 32-byte string, prefixes = { {ids...}, ... } }) --> true, pages_written | nil, err:
+ * a cache file of the sealed pages the prefixes reach (every sealed page
+ * without prefixes); kvlua.restore(model, path, { cache = c2 }) reads it. */
+static int l_cache_save(lua_State *L) {
+    l_cache *lc = l_cache_enter(L);
+    l_not_in_policy(L, lc);
+    size_t plen;
+    const char *path = luaL_checklstring(L, 2, &plen);
+    if (strlen(path) != plen) luaL_argerror(L, 2, "contains a NUL byte");
+    if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+    const uint8_t *key = NULL;
+    if (!lua_isnoneornil(L, 3) && lua_getfield(L, 3, "key") != LUA_TNIL) {
+        size_t n = 0;
+        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
+        if (!k || n != 32) luaL_error(L, "option 'key' must be a string of 32 bytes");
+        key = (const uint8_t *)k; /* stays on the stack */
+    }
+    const int32_t **prefixes = NULL;
+    size_t *lens = NULL;
+    lua_Integer np = 0;
+    if (!lua_isnoneornil(L, 3) && lua_getfield(L, 3, "prefixes") != LUA_TNIL) {
+        int pi = lua_gettop(L);
+        if (!lua_istable(L, pi)) luaL_error(L, "option 'prefixes' must be an array of token id arrays");
+        np = luaL_len(L, pi);
+        if (np < 0 || np > (1 << 24)) luaL_error(L, "option 'prefixes': bad length");
+        const lua_Integer n_vocab = kv_model_info_get(kv_cache_model(lc->c))->n_vocab;
+        prefixes = lua_newuserdatauv(L, sizeof *prefixes * (size_t)(np ? np : 1), 0);
+        lens = lua_newuserdatauv(L, sizeof *lens * (size_t)(np ? np : 1), 0);
+        lua_createtable(L, (int)np, 0); /* pi + 3: holds each prefix's ids */
+        for (lua_Integer i = 1; i <= np; i++) {
+            if (lua_geti(L, pi, i) != LUA_TTABLE) luaL_error(L, "option 'prefixes': item %I is not an array of token ids", i);
+            int ti = lua_gettop(L);
+            lua_Integer len = luaL_len(L, ti);
+            if (len < 0 || len > (1 << 30)) luaL_error(L, "option 'prefixes': item %I has a bad length", i);
+            int32_t *ids = lua_newuserdatauv(L, sizeof(int32_t) * (size_t)(len ? len : 1), 0);
+            for (lua_Integer j = 1; j <= len; j++) {
+                int ok = 0;
+                lua_geti(L, ti, j);
+                lua_Integer v = lua_tointegerx(L, -1, &ok);
+                lua_pop(L, 1);
+                if (!ok) luaL_error(L, "option 'prefixes': item %I, index %I is not an integer token id", i, j);
+                if (v < 0 || v >= n_vocab)
+                    luaL_error(L, "option 'prefixes': item %I, index %I: token id %I out of range [0, %I)", i, j, v,
+                               n_vocab);
+                ids[j - 1] = (int32_t)v;
+            }
+            prefixes[i - 1] = ids, lens[i - 1] = (size_t)len;
+            lua_rawseti(L, pi + 3, i); /* the holder keeps the ids alive */
+            lua_pop(L, 1);
+        }
+    }
+    kv_error e = {{0}};
+    int64_t written = 0;
+    if (kv_cache_save(lc->c, path, key, prefixes, lens, (size_t)np, &written, &e) != KV_OK) {
+        lua_pushnil(L);
+        lua_pushstring(L, e.msg);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    lua_pushinteger(L, (lua_Integer)written);
+    return 2;
+}
+
 /* close / __close: drops the owner's reference (sessions keep the pool). */
 static int l_cache_close(lua_State *L) {
     l_obj_close(&l_cache_any(L, 1)->o);
@@ -484,7 +548,8 @@ static int l_cache_index(lua_State *L) {
 
 static const luaL_Reg l_cache_methods[] = {
     {"stats", l_cache_stats}, {"lookup", l_cache_lookup}, {"pin", l_cache_pin}, {"unpin", l_cache_unpin},
-    {"clear", l_cache_clear}, {"close", l_cache_close},   {NULL, NULL},
+    {"clear", l_cache_clear}, {"save", l_cache_save},     {"close", l_cache_close},
+    {NULL, NULL},
 };
 
 void l_cache_open(lua_State *L) {

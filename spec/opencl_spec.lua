@@ -221,6 +221,25 @@ describe("the OpenCL backend", function()
     same_bits(assert(s:decode(42)), assert(r:decode(42)), "restored")
   end)
 
+  it("saves a cache and restores it into another: the restored pages are reused with a cold prefill's bits", function()
+    local m, why = real_model()
+    if not m then return pending(why) end
+    local ids = m:tokenize(prompt .. " Rome. " .. prompt)
+    local cache = assert(kvlua.cache(m, { pages = 64, page_tokens = 16 }))
+    local a = assert(m:session { ctx = 256, cache = cache })
+    local cold = assert(a:prefill(ids))
+    a:close()
+    local file = os.tmpname()
+    local _, n = assert(cache:save(file, { key = ("k"):rep(32) }))
+    assert.equals(#ids // 16, n)
+    local other = assert(kvlua.cache(m, { pages = 64, page_tokens = 16 }))
+    assert.equals(n, select(2, assert(kvlua.restore(m, file, { key = ("k"):rep(32), cache = other }))))
+    os.remove(file)
+    local b = assert(m:session { ctx = 256, cache = other })
+    same_bits(cold, assert(b:prefill(ids)), "restored pages")
+    assert.equals(math.min(n * 16, #ids - 1), b:stats().reused_tokens)
+  end)
+
   -- Gemma 3 past its 512-token sliding window: dropped pages (-1 in the
   -- local layers' tables) are never read. Measured: the CPU's top-10 logits
   -- within 0.90 after 789 + 4 tokens; bound 1.5 (llama.cpp alone is up to

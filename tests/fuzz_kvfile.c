@@ -1,6 +1,7 @@
 /*
  * fuzz_kvfile.c — libFuzzer entry point for the session-file reader
- * (kv_session_restore_fp, engine/kvfile.c).
+ * (kv_session_restore_fp) and the cache-file reader (kv_cache_restore_fp),
+ * engine/kvfile.c.
  *
  * At start-up it writes a tiny random-weight llama model (1 layer) to a
  * temporary file and opens it; if KVFILE_SEEDS names a folder, it saves a
@@ -8,7 +9,12 @@
  * mutations start from files whose fingerprint matches. Each input is
  * restored from memory (with the fixed key when it says it is encrypted);
  * a restored session must hold what the engine promises (pos <= ctx, ids in
- * range) and must then evaluate one more token without trouble. Run it with
+ * range) and must then evaluate one more token without trouble. Each
+ * input is also restored into a small cache that already holds a few
+ * pages (cache files are seeds too: all pages, some prefixes, plain and
+ * encrypted): a refused file must leave the cache's stats exactly as they
+ * were; an accepted one must have added as many cached pages as it says,
+ * and a session on the cache must then evaluate. Run it with
  * tests/run-fuzz.sh SECONDS.
  */
 #include "gguf_writer.h"
@@ -72,7 +78,39 @@ static char *write_model(void) {
     return path[0] ? path : NULL;
 }
 
+/* A cache of `pages` pages holding the pages of a prefill of n ids (seed k). */
+static kv_cache *filled_cache(int pages, int n, int k) {
+    kv_cache_params p = {.pages = pages, .page_tokens = 4, .ktype = KV_TYPE_F16, .vtype = KV_TYPE_F16, .prefix = true};
+    kv_cache *c = NULL;
+    kv_error e;
+    if (kv_cache_open(g_model, &p, &c, &e) != KV_OK) abort();
+    kv_session_params sp = {.n_ctx = 64, .cache = c};
+    kv_session *s = NULL;
+    if (kv_session_open_p(g_model, &sp, &s, &e) != KV_OK) abort();
+    int32_t ids[64];
+    for (int i = 0; i < n && i < 64; i++) ids[i] = (i * 5 + k) % 40;
+    if (n > 0 && kv_session_eval(s, ids, (size_t)n, KV_LOGITS_NONE, NULL, &e) != KV_OK) abort();
+    kv_session_close(s);
+    return c;
+}
+
+static void cache_seeds(const char *dir) {
+    for (int i = 0; i < 4; i++) {
+        kv_cache *c = filled_cache(32, 10 + 7 * i, i);
+        kv_error e;
+        int32_t pre[20];
+        for (int k = 0; k < 20; k++) pre[k] = (k * 5 + i) % 40;
+        const int32_t *prefixes[2] = {pre, pre};
+        const size_t lens[2] = {9, 20};
+        char path[512];
+        snprintf(path, sizeof path, "%s/cache-%d.kvc", dir, i);
+        kv_cache_save(c, path, i & 1 ? g_key : NULL, i & 2 ? prefixes : NULL, lens, 2, NULL, &e);
+        kv_cache_close(c);
+    }
+}
+
 static void seeds(const char *dir) {
+    cache_seeds(dir);
     const int lengths[3] = {5, 17, 40};
     for (int i = 0; i < 6; i++) {
         kv_session *s = NULL;
@@ -118,5 +156,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         REQUIRE(!s && e.msg[0]);
     }
+    /* the same bytes as a cache file, into a cache that holds pages already */
+    f = fmemopen((void *)data, size, "rb");
+    if (!f) return 0;
+    kv_cache *c = filled_cache(12, 9, 1);
+    kv_cache_stats before, after;
+    kv_cache_get_stats(c, &before);
+    int64_t added = -1;
+    st = kv_cache_restore_fp(c, f, enc ? g_key : NULL, &added, &e);
+    fclose(f);
+    kv_cache_get_stats(c, &after);
+    if (st == KV_OK) {
+        REQUIRE(added >= 0 && after.cached == before.cached + added && after.used == 0);
+        kv_session_params sp = {.n_ctx = 64, .cache = c};
+        if (kv_session_open_p(g_model, &sp, &s, &e) == KV_OK) {
+            int32_t ids[24];
+            for (int i = 0; i < 24; i++) ids[i] = (i * 5) % 40;
+            kv_session_eval(s, ids, 24, KV_LOGITS_NONE, NULL, &e);
+            kv_session_close(s);
+        }
+    } else {
+        REQUIRE(e.msg[0] && added == 0 && memcmp(&before, &after, sizeof before) == 0);
+    }
+    kv_cache_close(c);
     return 0;
 }

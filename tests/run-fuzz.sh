@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzz the GGUF reader, then the session-file reader, for SECONDS each
+# Fuzz the GGUF reader, then the session- and cache-file readers, for SECONDS each
 # (default 60) with libFuzzer + ASan/UBSan.
 #
 #   tests/run-fuzz.sh [SECONDS]
@@ -45,7 +45,7 @@ mkdir -p "$seeds" "$corpus" "$artifacts"
   -artifact_prefix="$artifacts/" "$corpus" "$seeds"
 
 [ "${KV_FUZZ_DIRECT:-0}" = 1 ] && exit 0
-# session files: seeds saved by the target itself (its model is built in)
+# session and cache files: seeds saved by the target itself (its model is built in)
 kvseeds=tests/fuzz-corpus/kvfile-seeds
 kvcorpus=tests/fuzz-corpus/kvfile
 mkdir -p "$kvseeds" "$kvcorpus"

@@ -9,8 +9,8 @@
  * and compares the engine's logits with ref_forward(): straightforward
  * double-precision loops over the same weights. Then: prefill vs decode vs
  * logits="all", rewind, context full, bad ids, NaN weights, threads 1 vs 2,
- * every weight type, the loader's error messages, and a file truncated
- * after loading.
+ * every weight type, the loader's error messages, a file truncated after
+ * loading, and cache files (save, restore into another cache, reuse).
  *
  * Prints one line per check and "N passed, N failed"; exits 1 on failure.
  */
@@ -1019,6 +1019,101 @@ static void check_pool(void) {
     weights_free(&w);
 }
 
+/* ==== cache files ============================================================ */
+
+/* Token nodes of c still held (none may outlive the pages that need them). */
+static int live_tnodes(const kv_cache *c) {
+    int n = 0;
+    for (int32_t i = 0; i < c->n_tnodes; i++) n += c->tnodes[i].refs >= 0;
+    return n;
+}
+
+static void check_cache_files(void) {
+    cfg g = base_gemma(); /* a window group and a global group */
+    g.window = 12;
+    weights w;
+    const char *path = write_model(&g, &w, "cachefile");
+    kv_error e = {{0}};
+    kv_model *m = path ? open_model(path, 2, &e) : NULL;
+    if (!m) {
+        report(false, "cache files: open", "%s", e.msg);
+        weights_free(&w);
+        return;
+    }
+    char cpath[600], spath[600];
+    snprintf(cpath, sizeof cpath, "%s/c.kvc", tmpdir);
+    snprintf(spath, sizeof spath, "%s/s.kv", tmpdir);
+    int32_t ids[41];
+    make_ids(ids, 41, g.n_vocab);
+    const size_t nv = (size_t)g.n_vocab;
+    float *cold = malloc(sizeof(float) * nv), *warm = malloc(sizeof(float) * nv);
+    kv_session *s = NULL;
+    kv_session_open(m, 64, &s, &e);
+    kv_session_eval(s, ids, 41, KV_LOGITS_LAST, cold, &e);
+    kv_session_save(s, spath, NULL, &e);
+    kv_session_close(s);
+
+    kv_cache_params cp = {.pages = 64, .page_tokens = 4, .ktype = KV_TYPE_F16, .vtype = KV_TYPE_F16, .prefix = true};
+    kv_cache *a = NULL, *b = NULL;
+    kv_cache_open(m, &cp, &a, &e);
+    kv_session_params sp = {.n_ctx = 64, .cache = a};
+    kv_session_open_p(m, &sp, &s, &e);
+    kv_session_eval(s, ids, 40, KV_LOGITS_NONE, NULL, &e);
+    kv_session_close(s);
+    kv_cache_stats st;
+    kv_cache_get_stats(a, &st);
+    int64_t written = -1;
+    kv_status r = kv_cache_save(a, cpath, NULL, NULL, NULL, 0, &written, &e);
+    report(r == KV_OK && written == 20 && st.cached == 20, "cache file: every sealed page of both groups (10 + 10)",
+           "status %d, %lld written, %lld cached: %s", r, (long long)written, (long long)st.cached, e.msg);
+    const int32_t *pre[2] = {ids, ids};
+    const size_t lens[2] = {13, 30};
+    r = kv_cache_save(a, cpath, NULL, pre, lens, 2, &written, &e);
+    report(r == KV_OK && written == 14, "cache file: two prefixes sharing 3 pages write 7 pages of each group once",
+           "status %d, %lld written: %s", r, (long long)written, e.msg);
+    r = kv_cache_save(a, cpath, NULL, NULL, NULL, 0, &written, &e); /* every page again */
+
+    kv_cache_open(m, &cp, &b, &e);
+    int64_t added = -1;
+    r = kv_cache_restore(b, cpath, NULL, &added, &e);
+    kv_cache_get_stats(b, &st);
+    report(r == KV_OK && added == 20 && st.cached == 20 && st.used == 0, "cache file: restored as 20 cached pages",
+           "status %d, added %lld, cached %lld: %s", r, (long long)added, (long long)st.cached, e.msg);
+    sp.cache = b;
+    kv_session_open_p(m, &sp, &s, &e);
+    r = kv_session_eval(s, ids, 41, KV_LOGITS_LAST, warm, &e);
+    report(r == KV_OK && kv_session_reused_tokens(s) == 40 && memcmp(cold, warm, sizeof(float) * nv) == 0,
+           "cache file: the restored pages are reused (window pages too), the same bits as a cold prefill",
+           "status %d, reused %llu", r, (unsigned long long)kv_session_reused_tokens(s));
+    kv_session_close(s);
+
+    kv_session *none = NULL;
+    r = kv_session_restore(m, cpath, NULL, NULL, 0, &none, &e);
+    report(r != KV_OK && !none && strstr(e.msg, "a cache file, not a session file"),
+           "a cache file restored as a session: refused, named", "%s", e.msg);
+    r = kv_cache_restore(b, spath, NULL, &added, &e);
+    report(r != KV_OK && added == 0 && strstr(e.msg, "a session file, not a cache file"),
+           "a session file restored into a cache: refused, named", "%s", e.msg);
+    report(kv_file_kind(cpath) == KV_FILE_CACHE && kv_file_kind(spath) == KV_FILE_SESSION &&
+               kv_file_kind(path) == KV_FILE_NONE,
+           "kv_file_kind tells the kinds apart", "%d %d %d", kv_file_kind(cpath), kv_file_kind(spath),
+           kv_file_kind(path));
+
+    /* the token nodes go with the last page that needs them */
+    report(live_tnodes(a) == 10 && live_tnodes(b) == 10, "one token node per chain page, shared by the groups",
+           "%d and %d", live_tnodes(a), live_tnodes(b));
+    kv_cache_clear(a);
+    kv_cache_clear(b);
+    report(live_tnodes(a) == 0 && live_tnodes(b) == 0, "no token node outlives the pages after a clear",
+           "%d and %d", live_tnodes(a), live_tnodes(b));
+    kv_cache_close(a);
+    kv_cache_close(b);
+    free(cold);
+    free(warm);
+    kv_model_close(m);
+    weights_free(&w);
+}
+
 int main(void) {
     const char *td = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/kvlua_test_model_XXXXXX", td && *td ? td : "/tmp");
@@ -1073,6 +1168,7 @@ int main(void) {
     check_loader_errors();
     check_file_and_limits();
     check_pool();
+    check_cache_files();
     {
         cfg x = base_llama();
         x.wtype = KV_TYPE_Q4_0;
