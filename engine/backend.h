@@ -105,6 +105,12 @@ struct kv_backend {
      * read through kv_kv_span. work: attn_scratch(T) floats. */
     void (*attention)(kv_backend *b, const kv_kvcache *c, const kv_attn_params *ap, const float *q,
                       int64_t T, int pos0, float *out, float *work);
+    /* One query row for each of n sessions: row i (q + i * n_head * head_dim)
+     * at position pos[i] against kvs[i]'s pages into out row i, each as
+     * attention() computes it alone, bit for bit (batched decode). NULL: the
+     * caller runs attention() per session. work: attn_scratch(1) floats. */
+    void (*attention_batch)(kv_backend *b, kv_kvcache *const *kvs, const int32_t *pos, int n,
+                            const kv_attn_params *ap, const float *q, float *out, float *work);
     size_t (*attn_scratch)(kv_backend *b, const kv_attn_params *ap, int64_t T);
     /* True when every value of x(n) is finite. */
     bool (*all_finite)(kv_backend *b, const float *x, int64_t n);

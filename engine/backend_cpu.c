@@ -1396,6 +1396,38 @@ static void cpu_attention(kv_backend *b, const kv_kvcache *kv, const kv_attn_par
         }
 }
 
+/* One query row for each of n sessions in one pool dispatch (a batched
+ * decode): the tasks are (session, KV head) pairs, each a whole att_task
+ * (segments merged there, in position order), so every row gets the bits
+ * cpu_attention gives it alone. ATT_BATCH sessions per dispatch. */
+#define ATT_BATCH 32
+
+typedef struct {
+    att_job jobs[ATT_BATCH];
+    int n, n_kv;
+} att_batch;
+
+static void att_batch_worker(void *arg, int ith, int nth) {
+    const att_batch *B = arg;
+    float *priv = B->jobs[0].work + (size_t)ith * B->jobs[0].per_thread;
+    for (int task = ith; task < B->n * B->n_kv; task += nth)
+        att_task(&B->jobs[task / B->n_kv], priv, 0, 1, task % B->n_kv, -1);
+}
+
+static void cpu_attention_batch(kv_backend *b, kv_kvcache *const *kvs, const int32_t *pos, int n,
+                                const kv_attn_params *ap, const float *q, float *out, float *work) {
+    cpu_ctx *c = b->ctx;
+    const size_t qs = (size_t)ap->n_head * ap->head_dim, os = (size_t)ap->n_head * ap->head_dim_v;
+    att_batch B;
+    for (int s0 = 0; s0 < n; s0 += ATT_BATCH) {
+        B.n = n - s0 < ATT_BATCH ? n - s0 : ATT_BATCH, B.n_kv = ap->n_head_kv;
+        for (int i = 0; i < B.n; i++)
+            B.jobs[i] = (att_job){c, kvs[s0 + i], ap, q + (s0 + i) * qs, 1, pos[s0 + i], out + (s0 + i) * os, work,
+                                  1, false, 0, 0, att_thread_floats(ap), NULL};
+        kv_pool_run(c->pool, att_batch_worker, &B);
+    }
+}
+
 /* ==== init ================================================================== */
 
 kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
@@ -1432,6 +1464,7 @@ kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
         .embed = cpu_embed,
         .kv_store = cpu_kv_store,
         .attention = cpu_attention,
+        .attention_batch = cpu_attention_batch,
         .attn_scratch = cpu_attn_scratch,
         .all_finite = cpu_all_finite,
         .close = kv_backend_cpu_free,

@@ -54,23 +54,33 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
         .layer = il, .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .head_dim_v = hdv,
         .scale = m->kq_scale, .window = L->window, .softcap = 0.0f,
     };
-    for (int b = 0, t0 = 0; b < n_seqs; b++) {
-        /* the rows of session b: all T (one session) or row b (a batch) */
+    /* the rows of session b: all T (one session) or row b (a batch) */
+    const int nt = n_seqs == 1 ? T : 1;
+    const bool batched = n_seqs > 1 && be->attention_batch;
+    for (int b = 0; b < n_seqs; b++) {
         kv_session *q = seqs[b];
-        const int nt = n_seqs == 1 ? T : 1;
+        const int t0 = b * nt;
         float *qb = s->q + (size_t)t0 * n_head * hd, *kb = s->k + (size_t)t0 * n_kv * hd;
         float *vb = s->v + (size_t)t0 * n_kv * hdv, *ob = s->att + (size_t)t0 * n_head * hdv;
-        const bool rot_k = kv_type_rotated(kv_kvcache_ktype(q->kv, il));
-        const bool rot_v = kv_type_rotated(kv_kvcache_vtype(q->kv, il));
-        if (rot_k) { /* quantized pages hold rotated rows (quant.h) */
+        if (kv_type_rotated(kv_kvcache_ktype(q->kv, il))) { /* quantized pages hold rotated rows (quant.h) */
             be->hadamard(be, qb, (int64_t)nt * n_head, hd);
             be->hadamard(be, kb, (int64_t)nt * n_kv, hd);
         }
+        const bool rot_v = kv_type_rotated(kv_kvcache_vtype(q->kv, il));
         if (rot_v) be->hadamard(be, vb, (int64_t)nt * n_kv, hdv);
         be->kv_store(be, q->kv, il, q->pos, nt, kb, vb);
+        if (batched) {
+            s->batch_kv[b] = q->kv; /* positions: pos_buf */
+            continue;
+        }
         be->attention(be, q->kv, &ap, qb, nt, q->pos, ob, s->awork); /* (nt, n_head*hdv) */
         if (rot_v) be->hadamard(be, ob, (int64_t)nt * n_head, hdv);
-        t0 += nt;
+    }
+    if (batched) { /* one dispatch for every session's row */
+        be->attention_batch(be, s->batch_kv, s->pos_buf, n_seqs, &ap, s->q, s->att, s->awork);
+        for (int b = 0; b < n_seqs; b++)
+            if (kv_type_rotated(kv_kvcache_vtype(seqs[b]->kv, il)))
+                be->hadamard(be, s->att + (size_t)b * n_head * hdv, n_head, hdv);
     }
 
     be->matmul(be, &L->wo, NULL, s->att, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
