@@ -4,7 +4,11 @@
 # side in one run (llama.cpp only for the types it has; its quantized V cache
 # needs flash attention, which scripts/ref turns on).
 #
-#   scripts/kv-types.sh [-m "smollm2 gemma3"] [-c CHUNKS] [-o results.jsonl]
+#   scripts/kv-types.sh [-m "smollm2 gemma3"] [-c CHUNKS] [-t THREADS] [-o results.jsonl]
+#
+# -t sets the threads of both engines (default 2). On some 2-vCPU machines
+# llama.cpp's 2-thread decode is several times slower than its 1-thread one
+# (its threads wait for each other by spinning): compare at -t 1 there.
 #
 # Texts: tests/data/public-domain.txt (prose) and README.md (this project's
 # README: prose and code). Configurations: f16, q8_0, q4_0, K q8_0 + V q4_0,
@@ -15,11 +19,13 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 models="smollm2 gemma3"
 chunks=8
+threads=2
 out=$(mktemp)
-while getopts "m:c:o:h" opt; do
+while getopts "m:c:t:o:h" opt; do
   case "$opt" in
     m) models="$OPTARG" ;;
     c) chunks="$OPTARG" ;;
+    t) threads="$OPTARG" ;;
     o) out="$OPTARG" ;;
     *) sed -n 2,12p "$0"; exit 2 ;;
   esac
@@ -32,17 +38,17 @@ for m in $models; do
   for cfg in $configs; do
     if [ "$cfg" = mix ]; then k="q4_0,0=f16,1=f16"; v="$k"; bk="q4_0+0=f16+1=f16"; else k=${cfg%/*}; v=${cfg#*/}; bk="$cfg"; fi
     for t in $texts; do
-      ppl=$(lua5.4 scripts/perplexity.lua --model "$path" --file "$t" --chunks "$chunks" --ktype "$k" --vtype "$v" --json --quiet)
+      ppl=$(lua5.4 scripts/perplexity.lua --model "$path" --file "$t" --chunks "$chunks" --ktype "$k" --vtype "$v" --threads "$threads" --json --quiet)
       echo "{\"model\":\"$m\",\"cfg\":\"$cfg\",\"text\":\"$t\",\"engine\":\"kvlua\",\"ppl\":$(echo "$ppl" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ppl"])')}" >> "$out"
       if [ "$cfg" != mix ]; then
-        r=$(python3 scripts/ref/ppl_ref.py "$path" --file "$t" --kv "$cfg" --json --ctx 512 --chunks "$chunks" 2>/dev/null || echo '{"ppl": null}')
+        r=$(python3 scripts/ref/ppl_ref.py "$path" --file "$t" --kv "$cfg" --json --ctx 512 --chunks "$chunks" --threads "$threads" 2>/dev/null || echo '{"ppl": null}')
         echo "{\"model\":\"$m\",\"cfg\":\"$cfg\",\"text\":\"$t\",\"engine\":\"llama.cpp\",\"ppl\":$(echo "$r" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["ppl"]))')}" >> "$out"
       fi
     done
-    b=$(lua5.4 scripts/bench.lua --model "$path" --kv "$bk" --depth 16,1792 --prefill 16 --decode 32 --reps 1 --json)
+    b=$(lua5.4 scripts/bench.lua --model "$path" --kv "$bk" --depth 16,1792 --prefill 16 --decode 32 --reps 1 --threads "$threads" --json)
     echo "{\"model\":\"$m\",\"cfg\":\"$cfg\",\"engine\":\"kvlua\",\"bench\":$b}" >> "$out"
     if [ "$cfg" != mix ]; then
-      r=$(python3 scripts/ref/bench_ref.py "$path" --kv "$cfg" --depth 16,1792 --prefill 16 --decode 32 --json 2>/dev/null || echo null)
+      r=$(python3 scripts/ref/bench_ref.py "$path" --kv "$cfg" --depth 16,1792 --prefill 16 --decode 32 --threads "$threads" --json 2>/dev/null || echo null)
       echo "{\"model\":\"$m\",\"cfg\":\"$cfg\",\"engine\":\"llama.cpp\",\"bench\":$r}" >> "$out"
     fi
   done
