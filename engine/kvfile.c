@@ -318,6 +318,50 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
 
 /* ==== restore =================================================================== */
 
+/* The 16 bytes after the magic: version and flags, checked against the
+ * key (session and cache files alike). */
+static kv_status read_pre(const uint8_t pre[16], const uint8_t *key, uint32_t *version, bool *enc, kv_error *e) {
+    uint32_t flags = get_u32(pre + 12);
+    *version = get_u32(pre + 8);
+    if (*version > KVF_VERSION)
+        return kv_fail(e, KV_ERR_UNSUPPORTED, "kv file: format version %u is newer than this kvlua reads (%u)",
+                       *version, KVF_VERSION);
+    if (*version == 0 || flags > 1) return kv_fail(e, KV_ERR_FORMAT, "kv file: bad version or flags");
+    *enc = flags & 1;
+    if (*enc && !key) return kv_fail(e, KV_ERR_ARG, "kv file: the file is encrypted: a key is needed");
+    if (!*enc && key) return kv_fail(e, KV_ERR_FORMAT, "kv file: the file is not encrypted, but a key was given");
+    return KV_OK;
+}
+
+/* The stream's pull header (encrypted files), the model fingerprint
+ * (checked against m) and nh header words. */
+static kv_status read_head(kvf_stream *r, FILE *f, bool enc, const uint8_t *key, kv_model *m, uint32_t *hv, int nh,
+                           kv_error *e) {
+    if (enc) {
+        uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
+        if (fread(hdr, sizeof hdr, 1, f) != 1 || crypto_secretstream_xchacha20poly1305_init_pull(&r->ss, hdr, key) != 0)
+            return kv_fail(e, KV_ERR_FORMAT, "kv file: truncated or bad stream header");
+    }
+    uint8_t fp[32], mine[32];
+    r_bytes(r, fp, 32);
+    for (int i = 0; i < nh; i++) hv[i] = r_u32(r);
+    if (r->st) return r->st;
+    kv_status st = kv_model_fingerprint(m, mine, NULL, e);
+    if (st) return st;
+    if (sodium_memcmp(fp, mine, 32) != 0)
+        return kv_fail(e, KV_ERR_ARG, "model fingerprint mismatch (the file was saved with another model file)");
+    return KV_OK;
+}
+
+/* Version 1 stored quantized pages unrotated (quant.h): refused. */
+static kv_status check_rotation(kvf_stream *r, uint32_t version, const int *types, int n) {
+    for (int i = 0; i < n && version < 2; i++)
+        if (kv_type_rotated(types[i]))
+            return fmt_fail(r, "format version 1 holds quantized pages without the rotation this kvlua applies: "
+                               "save it again");
+    return KV_OK;
+}
+
 kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cache *cache, int min_ctx,
                                 kv_session **out, kv_error *e) {
     *out = NULL;
@@ -329,37 +373,18 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
         return kv_fail(e, KV_ERR_FORMAT, "kv file: a cache file, not a session file (restore it into a cache)");
     if (!got || memcmp(pre, KVF_MAGIC, 8) != 0)
         return kv_fail(e, KV_ERR_FORMAT, "kv file: not a kvlua session file (bad magic)");
-    uint32_t version = get_u32(pre + 8), flags = get_u32(pre + 12);
-    if (version > KVF_VERSION)
-        return kv_fail(e, KV_ERR_UNSUPPORTED, "kv file: format version %u is newer than this kvlua reads (%u)", version,
-                       KVF_VERSION);
-    if (version == 0 || flags > 1) return kv_fail(e, KV_ERR_FORMAT, "kv file: bad version or flags");
-    bool enc = flags & 1;
-    if (enc && !key) return kv_fail(e, KV_ERR_ARG, "kv file: the file is encrypted: a key is needed");
-    if (!enc && key) return kv_fail(e, KV_ERR_FORMAT, "kv file: the file is not encrypted, but a key was given");
+    uint32_t version;
+    bool enc;
+    kv_status st = read_pre(pre, key, &version, &enc, e);
+    if (st) return st;
     kvf_stream r;
-    kv_status st = stream_init(&r, f, enc, e);
+    st = stream_init(&r, f, enc, e);
     kv_session *s = NULL;
     kv_cache *pool = NULL;
     int *types = NULL;
     if (st) goto done;
-    if (enc) {
-        uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
-        if (fread(hdr, sizeof hdr, 1, f) != 1 || crypto_secretstream_xchacha20poly1305_init_pull(&r.ss, hdr, key) != 0) {
-            st = kv_fail(e, KV_ERR_FORMAT, "kv file: truncated or bad stream header");
-            goto done;
-        }
-    }
-    uint8_t fp[32], mine[32];
-    r_bytes(&r, fp, 32);
     uint32_t hv[9];
-    for (int i = 0; i < 9; i++) hv[i] = r_u32(&r);
-    if ((st = r.st)) goto done;
-    if ((st = kv_model_fingerprint(m, mine, NULL, e))) goto done;
-    if (sodium_memcmp(fp, mine, 32) != 0) {
-        st = kv_fail(e, KV_ERR_ARG, "model fingerprint mismatch (the file was saved with another model file)");
-        goto done;
-    }
+    if ((st = read_head(&r, f, enc, key, m, hv, 9, e))) goto done;
     const kv_model_info *in = &m->info;
     const int pt = (int)hv[0], n_groups = (int)hv[1];
     const uint32_t n_ctx = hv[6], n_tokens = hv[7], n_pages = hv[8];
@@ -377,13 +402,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
         goto done;
     }
     for (int i = 0; i < 2 * in->n_layer; i++) types[i] = (int)r_u32(&r);
-    if ((st = r.st)) goto done;
-    for (int i = 0; i < 2 * in->n_layer && version < 2; i++)
-        if (kv_type_rotated(types[i])) {
-            st = fmt_fail(&r, "format version 1 holds quantized pages without the rotation this kvlua applies: "
-                              "save the session again");
-            goto done;
-        }
+    if ((st = r.st) || (st = check_rotation(&r, version, types, 2 * in->n_layer))) goto done;
     int ctx = (int)n_ctx > min_ctx ? (int)n_ctx : min_ctx;
     if (cache) {
         if (cache->m != m) {
@@ -665,14 +684,10 @@ kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t 
     if (memcmp(pre, KVF_MAGIC, 8) == 0)
         return kv_fail(e, KV_ERR_FORMAT, "kv file: a session file, not a cache file (restore it as a session)");
     if (memcmp(pre, KVC_MAGIC, 8) != 0) return kv_fail(e, KV_ERR_FORMAT, "kv file: not a kvlua cache file (bad magic)");
-    uint32_t version = get_u32(pre + 8), flags = get_u32(pre + 12);
-    if (version > KVF_VERSION)
-        return kv_fail(e, KV_ERR_UNSUPPORTED, "kv file: format version %u is newer than this kvlua reads (%u)", version,
-                       KVF_VERSION);
-    if (version == 0 || flags > 1) return kv_fail(e, KV_ERR_FORMAT, "kv file: bad version or flags");
-    const bool enc = flags & 1;
-    if (enc && !key) return kv_fail(e, KV_ERR_ARG, "kv file: the file is encrypted: a key is needed");
-    if (!enc && key) return kv_fail(e, KV_ERR_FORMAT, "kv file: the file is not encrypted, but a key was given");
+    uint32_t version;
+    bool enc;
+    kv_status st = read_pre(pre, key, &version, &enc, e);
+    if (st) return st;
     /* the file's size bounds what its header may promise */
     long here = ftell(f);
     uint64_t size = 0;
@@ -682,30 +697,15 @@ kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t 
     size = (uint64_t)end;
 
     kvf_stream r;
-    kv_status st = stream_init_cache(&r, f, enc, e);
+    st = stream_init_cache(&r, f, enc, e);
     int *types = NULL;
     kv_hash *hash = NULL;
     int32_t *parent = NULL, *ids = NULL, *slot = NULL, *pn = NULL;
     uint32_t n_nodes = 0;
     const int G = c->n_groups, pt = c->pt;
     if (st) goto done;
-    if (enc) {
-        uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
-        if (fread(hdr, sizeof hdr, 1, f) != 1 || crypto_secretstream_xchacha20poly1305_init_pull(&r.ss, hdr, key) != 0) {
-            st = kv_fail(e, KV_ERR_FORMAT, "kv file: truncated or bad stream header");
-            goto done;
-        }
-    }
-    uint8_t fp[32], mine[32];
-    r_bytes(&r, fp, 32);
     uint32_t hv[8];
-    for (int i = 0; i < 8; i++) hv[i] = r_u32(&r);
-    if ((st = r.st)) goto done;
-    if ((st = kv_model_fingerprint(m, mine, NULL, e))) goto done;
-    if (sodium_memcmp(fp, mine, 32) != 0) {
-        st = kv_fail(e, KV_ERR_ARG, "model fingerprint mismatch (the file was saved with another model file)");
-        goto done;
-    }
+    if ((st = read_head(&r, f, enc, key, m, hv, 8, e))) goto done;
     if (hv[2] != (uint32_t)in->n_layer || hv[3] != (uint32_t)in->n_head_kv || hv[4] != (uint32_t)in->head_dim ||
         hv[5] != (uint32_t)in->head_dim_v || hv[1] != (uint32_t)G) {
         st = fmt_fail(&r, "header does not describe a cache of this model");
@@ -721,7 +721,7 @@ kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t 
         goto done;
     }
     for (int i = 0; i < 2 * in->n_layer; i++) types[i] = (int)r_u32(&r);
-    if ((st = r.st)) goto done;
+    if ((st = r.st) || (st = check_rotation(&r, version, types, 2 * in->n_layer))) goto done;
     if (hv[0] != (uint32_t)pt || memcmp(c->ktypes, types, 2 * (size_t)in->n_layer * sizeof(int)) != 0) {
         st = kv_fail(e, KV_ERR_ARG, "restore: the file's K/V types or page size differ from the cache's");
         goto done;

@@ -14,18 +14,8 @@ local child = require "spec.support.child"
 local same = require("spec.support.ids").same -- the same bits
 local some_ids = require("spec.support.ids").some
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local files = require "spec.support.files"
+local read, write = files.read, files.write
 
 local function slice(t, i, j)
   return { table.unpack(t, i, j) }

@@ -12,18 +12,8 @@ local same = require("spec.support.ids").same -- the same bits
 
 local some_ids = require("spec.support.ids").some
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local files = require "spec.support.files"
+local read, write = files.read, files.write
 
 local function exists(path)
   local f = io.open(path, "rb")
@@ -125,6 +115,17 @@ describe("session files on a tiny model", function()
     local r, err = kvlua.restore(m, path)
     assert.is_nil(r)
     assert.matches("version 99 is newer", err)
+  end)
+
+  it("a version 1 file with quantized pages (stored unrotated then): nil, message", function()
+    local s = assert(m:session { ctx = 512, ktype = "q8_0", vtype = "q8_0" })
+    assert(s:prefill(some_ids(40, 64, 3)))
+    assert(s:save(path))
+    local good = read(path)
+    write(path, good:sub(1, 8) .. string.pack("<I4", 1) .. good:sub(13))
+    local r, err = kvlua.restore(m, path)
+    assert.is_nil(r)
+    assert.matches("version 1 holds quantized pages", err)
   end)
 
   it("a failed save leaves nothing: no directory, or a full disk", function()
