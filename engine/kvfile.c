@@ -238,6 +238,35 @@ static void stream_free(kvf_stream *s) {
 
 /* ==== save ==================================================================== */
 
+/* The end of a written stream: the last record (TAG_FINAL when encrypted),
+ * the checksum record when plain, everything on disk. Frees the stream. */
+static kv_status save_finish(kvf_stream *w, FILE *f, const uint8_t *key) {
+    if (key || w->n) w_flush(w, true); /* plain: no empty record (it would read as the end) */
+    if (!key && !w->st) { /* the checksum record */
+        uint8_t end[4] = {0}, h[32];
+        crypto_generichash_final(&w->hs, h, sizeof h);
+        if (fwrite(end, 4, 1, f) != 1 || fwrite(h, 32, 1, f) != 1) io_fail(w, "write");
+    }
+    if (!w->st && (fflush(f) != 0 || fsync(fileno(f)) != 0)) io_fail(w, "write");
+    kv_status st = w->st;
+    stream_free(w);
+    return st;
+}
+
+/* Closes the temporary file (f, or its descriptor when fdopen failed) and
+ * renames it over path when everything went well, else removes it. */
+static kv_status save_close(FILE *f, int fd, kv_status st, const char *tmp, const char *path, kv_error *e) {
+    if (f) {
+        if (fclose(f) != 0 && st == KV_OK) st = kv_fail(e, KV_ERR_IO, "save: %s: %s", path, strerror(errno));
+    } else if (fd >= 0) {
+        close(fd);
+    }
+    if (st == KV_OK && rename(tmp, path) != 0)
+        st = kv_fail(e, KV_ERR_IO, "save: cannot rename to %s: %s", path, strerror(errno));
+    if (st != KV_OK && fd >= 0) unlink(tmp);
+    return st;
+}
+
 kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, kv_error *e) {
     if (!s || !path) return kv_fail(e, KV_ERR_ARG, "save: session or path is NULL");
     if (sodium_init() < 0) return kv_fail(e, KV_ERR_IO, "save: libsodium failed to initialize");
@@ -295,23 +324,9 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
                         w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, true), (size_t)c->pt * c->vrows[il]);
                     }
             }
-        if (key || w.n) w_flush(&w, true); /* plain: no empty record (it would read as the end) */
-        if (!key && !w.st) { /* the checksum record */
-            uint8_t end[4] = {0}, h[32];
-            crypto_generichash_final(&w.hs, h, sizeof h);
-            if (fwrite(end, 4, 1, f) != 1 || fwrite(h, 32, 1, f) != 1) io_fail(&w, "write");
-        }
-        if (!w.st && (fflush(f) != 0 || fsync(fileno(f)) != 0)) io_fail(&w, "write");
-        st = w.st;
-        stream_free(&w);
+        st = save_finish(&w, f, key);
     }
-    if (f) {
-        if (fclose(f) != 0 && st == KV_OK) st = kv_fail(e, KV_ERR_IO, "save: %s: %s", path, strerror(errno));
-    } else {
-        close(fd);
-    }
-    if (st == KV_OK && rename(tmp, path) != 0) st = kv_fail(e, KV_ERR_IO, "save: cannot rename to %s: %s", path, strerror(errno));
-    if (st != KV_OK) unlink(tmp);
+    st = save_close(f, fd, st, tmp, path, e);
     free(tmp);
     return st;
 }
@@ -644,24 +659,9 @@ kv_status kv_cache_save(kv_cache *c, const char *path, const uint8_t *key, const
                         }
                 }
             }
-            if (key || w.n) w_flush(&w, true); /* plain: no empty record (it would read as the end) */
-            if (!key && !w.st) {
-                uint8_t end[4] = {0}, h[32];
-                crypto_generichash_final(&w.hs, h, sizeof h);
-                if (fwrite(end, 4, 1, f) != 1 || fwrite(h, 32, 1, f) != 1) io_fail(&w, "write");
-            }
-            if (!w.st && (fflush(f) != 0 || fsync(fileno(f)) != 0)) io_fail(&w, "write");
-            st = w.st;
-            stream_free(&w);
+            st = save_finish(&w, f, key);
         }
-        if (f) {
-            if (fclose(f) != 0 && st == KV_OK) st = kv_fail(e, KV_ERR_IO, "save: %s: %s", path, strerror(errno));
-        } else {
-            close(fd);
-        }
-        if (st == KV_OK && rename(tmp, path) != 0)
-            st = kv_fail(e, KV_ERR_IO, "save: cannot rename to %s: %s", path, strerror(errno));
-        if (st != KV_OK) unlink(tmp);
+        st = save_close(f, fd, st, tmp, path, e);
     }
     free(tmp);
     free(want);

@@ -320,17 +320,8 @@ describe("cache files on SmolLM2", function()
       assert.is_true(ok)
       assert.equals(#ids // 16, n)
       local good = read(path)
-      local off = k and 16 + 24 or 16
-      local recs, at = {}, off + 1
-      while at <= #good do
-        local len = string.unpack("<I4", good, at)
-        if len == 0 and not k then break end
-        recs[#recs + 1] = good:sub(at, at + 4 + len - 1)
-        at = at + 4 + len
-      end
-      local tail = good:sub(at)
+      local head, recs, tail = files.records(good, k ~= nil)
       assert.is_true(#recs >= 3, "several records")
-      local head = good:sub(1, off)
       local target = assert(kvlua.cache(m, { pages = 256 }))
       local before = target:stats()
       local function try(list, what)

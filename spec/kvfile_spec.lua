@@ -165,18 +165,8 @@ describe("session files on SmolLM2", function()
       local k = key or nil
       assert(s:save(path, { key = k }))
       local good = read(path)
-      -- records: [u32 n][n bytes] after 16 bytes (plain) or 16 + 24 (encrypted)
-      local off = k and 16 + 24 or 16
-      local recs, at = {}, off + 1
-      while at <= #good do
-        local n = string.unpack("<I4", good, at)
-        if n == 0 and not k then break end
-        recs[#recs + 1] = good:sub(at, at + 4 + n - 1)
-        at = at + 4 + n
-      end
-      local tail = good:sub(at)
+      local head, recs, tail = files.records(good, k ~= nil)
       assert.is_true(#recs >= 3, "several records")
-      local head = good:sub(1, off)
       local function try(list, what)
         local bad = os.tmpname()
         write(bad, head .. table.concat(list) .. tail)

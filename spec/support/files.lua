@@ -4,6 +4,7 @@
 --   local path = files.write_temp("text")   -- a new temporary file holding text
 --   files.read(path) --> its bytes
 --   files.write(path, s)                     -- replaces path's bytes with s
+--   files.records(bytes, encrypted)          --> head, { record, ... }, tail  (kvlua session / cache files)
 local M = {}
 
 function M.write_temp(text)
@@ -25,6 +26,22 @@ function M.write(path, s)
   local f = assert(io.open(path, "wb"))
   f:write(s)
   f:close()
+end
+
+-- A kvlua session or cache file cut into its parts: the 16 bytes of magic,
+-- version and flags (and the 24-byte stream header when encrypted), the
+-- records ([u32 n][n bytes] each, as stored), and what follows the last
+-- (plain files: the end record and the checksum).
+function M.records(bytes, encrypted)
+  local off = encrypted and 16 + 24 or 16
+  local recs, at = {}, off + 1
+  while at <= #bytes do
+    local n = string.unpack("<I4", bytes, at)
+    if n == 0 and not encrypted then break end
+    recs[#recs + 1] = bytes:sub(at, at + 4 + n - 1)
+    at = at + 4 + n
+  end
+  return bytes:sub(1, off), recs, bytes:sub(at)
 end
 
 return M
