@@ -58,7 +58,8 @@
 #include "quant.h"
 #include "types.h"
 
-#define KVF_MAGIC "KVLUAKV1"
+#define KVF_MAGIC "KVLUAKV1" /* session files */
+#define KVC_MAGIC "KVLUAKC1" /* cache files */
 #define KVF_VERSION 2u /* 2: quantized pages hold Hadamard-rotated rows */
 #define KVF_CHUNK ((size_t)1 << 20)
 #define KVF_ABYTES crypto_secretstream_xchacha20poly1305_ABYTES
@@ -215,13 +216,13 @@ static kv_status r_end(kvf_stream *s) {
     return KV_OK;
 }
 
-static kv_status stream_init(kvf_stream *s, FILE *f, bool enc, kv_error *e) {
+static kv_status stream_init(kvf_stream *s, FILE *f, bool enc, const char *magic, kv_error *e) {
     memset(s, 0, sizeof *s);
     s->f = f, s->enc = enc, s->e = e, s->first = true;
     s->buf = malloc(KVF_CHUNK);
     s->cbuf = enc ? malloc(KVF_CHUNK + KVF_ABYTES) : NULL;
     if (!s->buf || (enc && !s->cbuf)) return kv_fail(e, KV_ERR_NOMEM, "kv file: out of memory");
-    memcpy(s->pre, KVF_MAGIC, 8);
+    memcpy(s->pre, magic, 8);
     put_u32(s->pre + 8, KVF_VERSION);
     put_u32(s->pre + 12, enc ? 1u : 0u);
     crypto_generichash_init(&s->hs, NULL, 0, 32);
@@ -237,6 +238,54 @@ static void stream_free(kvf_stream *s) {
 }
 
 /* ==== save ==================================================================== */
+
+/* A temporary file beside path (*tmp, *fd, *f) with the stream's first
+ * bytes written: magic, version, flags and, with a key, the secretstream
+ * header. On failure what was made is for save_close to remove. */
+static kv_status save_open(kvf_stream *w, const char *path, const char *magic, const uint8_t *key, char **tmp,
+                           int *fd, FILE **f, kv_error *e) {
+    *tmp = NULL, *fd = -1, *f = NULL;
+    size_t plen = strlen(path);
+    if (!(*tmp = malloc(plen + 16))) return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+    snprintf(*tmp, plen + 16, "%s.tmp-XXXXXX", path);
+    if ((*fd = mkstemp(*tmp)) < 0)
+        return kv_fail(e, KV_ERR_IO, "save: cannot create a file beside %s: %s", path, strerror(errno));
+    if (!(*f = fdopen(*fd, "wb"))) return kv_fail(e, KV_ERR_IO, "save: %s", strerror(errno));
+    kv_status st = stream_init(w, *f, key != NULL, magic, e);
+    if (st) {
+        stream_free(w);
+        return st;
+    }
+    errno = 0;
+    if (fwrite(w->pre, sizeof w->pre, 1, *f) != 1) io_fail(w, "write");
+    if (key && !w->st) {
+        uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
+        crypto_secretstream_xchacha20poly1305_init_push(&w->ss, hdr, key);
+        if (fwrite(hdr, sizeof hdr, 1, *f) != 1) io_fail(w, "write");
+    }
+    return KV_OK;
+}
+
+/* The header both kinds of file start with: the model fingerprint, nh
+ * counts, the groups' attention windows and the layers' K then V types. */
+static void w_head(kvf_stream *w, const uint8_t fp[32], const uint32_t *hv, int nh, const kv_cache *c) {
+    w_bytes(w, fp, 32);
+    for (int i = 0; i < nh; i++) w_u32(w, hv[i]);
+    for (int g = 0; g < c->n_groups; g++) w_u32(w, (uint32_t)c->groups[g].window);
+    for (int il = 0; il < 2 * c->n_layer; il++) w_u32(w, (uint32_t)c->ktypes[il]); /* K types, then V types */
+}
+
+/* The K and V rows of page id (group g), from the device first when the
+ * backend keeps pages there. */
+static void w_page(kvf_stream *w, kv_backend *be, kv_cache *c, int g, int32_t id, kv_error *e) {
+    if (be->page_sync && (w->st = be->page_sync(be, c, g, id, false, e))) return;
+    for (int li = 0; li < c->groups[g].n_layers; li++)
+        for (int h = 0; h < c->n_kv; h++) {
+            const int il = c->groups[g].layer_ids[li];
+            w_bytes(w, kv_pool_row(c, g, id, li, h, 0, false), (size_t)c->pt * c->krows[il]);
+            w_bytes(w, kv_pool_row(c, g, id, li, h, 0, true), (size_t)c->pt * c->vrows[il]);
+        }
+}
 
 /* The end of a written stream: the last record (TAG_FINAL when encrypted),
  * the checksum record when plain, everything on disk. Frees the stream. */
@@ -274,55 +323,29 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
     uint8_t fp[32];
     kv_status st = kv_model_fingerprint(s->m, fp, NULL, e);
     if (st) return st;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp) return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
-    snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        st = kv_fail(e, KV_ERR_IO, "save: cannot create a file beside %s: %s", path, strerror(errno));
-        free(tmp);
-        return st;
-    }
-    FILE *f = fdopen(fd, "wb");
+    char *tmp;
+    int fd;
+    FILE *f;
     kvf_stream w;
-    st = f ? stream_init(&w, f, key != NULL, e) : kv_fail(e, KV_ERR_IO, "save: %s", strerror(errno));
-    if (st == KV_OK) {
-        errno = 0;
-        if (fwrite(w.pre, sizeof w.pre, 1, f) != 1) io_fail(&w, "write");
-        if (key && !w.st) {
-            uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
-            crypto_secretstream_xchacha20poly1305_init_push(&w.ss, hdr, key);
-            if (fwrite(hdr, sizeof hdr, 1, f) != 1) io_fail(&w, "write");
-        }
+    if ((st = save_open(&w, path, KVF_MAGIC, key, &tmp, &fd, &f, e)) == KV_OK) {
         /* header */
         uint32_t n_pages = 0;
         for (int g = 0; g < c->n_groups; g++)
             for (int lp = 0; lp < s->kv->n_lp; lp++) n_pages += s->kv->tab[g][lp] >= 0;
         const kv_model_info *in = &s->m->info;
-        w_bytes(&w, fp, 32);
         const uint32_t hv[9] = {(uint32_t)c->pt, (uint32_t)c->n_groups, (uint32_t)in->n_layer,
                                 (uint32_t)in->n_head_kv, (uint32_t)in->head_dim, (uint32_t)in->head_dim_v,
                                 (uint32_t)s->n_ctx, (uint32_t)s->pos, n_pages};
-        for (int i = 0; i < 9; i++) w_u32(&w, hv[i]);
-        for (int g = 0; g < c->n_groups; g++) w_u32(&w, (uint32_t)c->groups[g].window);
-        for (int il = 0; il < 2 * in->n_layer; il++) w_u32(&w, (uint32_t)c->ktypes[il]); /* K types, then V types */
+        w_head(&w, fp, hv, 9, c);
         for (int i = 0; i < s->pos; i++) w_u32(&w, (uint32_t)s->tokens[i]);
         /* pages, straight from the pool */
         for (int g = 0; g < c->n_groups && !w.st; g++)
             for (int lp = 0; lp < s->kv->n_lp && !w.st; lp++) {
                 int32_t id = s->kv->tab[g][lp];
                 if (id < 0) continue;
-                kv_backend *be = &s->m->be;
-                if (be->page_sync && (w.st = be->page_sync(be, (kv_cache *)c, g, id, false, e))) break;
                 w_u32(&w, (uint32_t)g);
                 w_u32(&w, (uint32_t)lp);
-                for (int li = 0; li < c->groups[g].n_layers; li++)
-                    for (int h = 0; h < c->n_kv; h++) {
-                        const int il = c->groups[g].layer_ids[li];
-                        w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, false), (size_t)c->pt * c->krows[il]);
-                        w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, true), (size_t)c->pt * c->vrows[il]);
-                    }
+                w_page(&w, &s->m->be, (kv_cache *)c, g, id, e);
             }
         st = save_finish(&w, f, key);
     }
@@ -332,6 +355,18 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
 }
 
 /* ==== restore =================================================================== */
+
+/* The K and V rows of page id (group g) from the stream, then to the
+ * device when the backend keeps pages there. */
+static void r_page(kvf_stream *r, kv_backend *be, kv_cache *c, int g, int32_t id, kv_error *e) {
+    for (int li = 0; li < c->groups[g].n_layers && !r->st; li++)
+        for (int h = 0; h < c->n_kv && !r->st; h++) {
+            const int il = c->groups[g].layer_ids[li];
+            r_bytes(r, kv_pool_row(c, g, id, li, h, 0, false), (size_t)c->pt * c->krows[il]);
+            r_bytes(r, kv_pool_row(c, g, id, li, h, 0, true), (size_t)c->pt * c->vrows[il]);
+        }
+    if (!r->st && be->page_sync) r->st = be->page_sync(be, c, g, id, true, e);
+}
 
 /* The 16 bytes after the magic: version and flags, checked against the
  * key (session and cache files alike). */
@@ -384,7 +419,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     if (!m->info.has_weights) return kv_fail(e, KV_ERR_ARG, "restore: the model has no weights");
     uint8_t pre[16];
     const bool got = fread(pre, 16, 1, f) == 1;
-    if (got && memcmp(pre, "KVLUAKC1", 8) == 0)
+    if (got && memcmp(pre, KVC_MAGIC, 8) == 0)
         return kv_fail(e, KV_ERR_FORMAT, "kv file: a cache file, not a session file (restore it into a cache)");
     if (!got || memcmp(pre, KVF_MAGIC, 8) != 0)
         return kv_fail(e, KV_ERR_FORMAT, "kv file: not a kvlua session file (bad magic)");
@@ -393,7 +428,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     kv_status st = read_pre(pre, key, &version, &enc, e);
     if (st) return st;
     kvf_stream r;
-    st = stream_init(&r, f, enc, e);
+    st = stream_init(&r, f, enc, KVF_MAGIC, e);
     kv_session *s = NULL;
     kv_cache *pool = NULL;
     int *types = NULL;
@@ -465,13 +500,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
         }
         s->kv->tab[g][lp] = id;
         pool->groups[g].pages[id].lp = (int32_t)lp;
-        for (int li = 0; li < pool->groups[g].n_layers && !r.st; li++)
-            for (int h = 0; h < pool->n_kv && !r.st; h++) {
-                const int il = pool->groups[g].layer_ids[li];
-                r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, false), (size_t)pt * pool->krows[il]);
-                r_bytes(&r, kv_pool_row(pool, (int)g, id, li, h, 0, true), (size_t)pt * pool->vrows[il]);
-            }
-        if (!r.st && m->be.page_sync) r.st = m->be.page_sync(&m->be, pool, (int)g, id, true, e);
+        r_page(&r, &m->be, pool, (int)g, id, e);
     }
     if ((st = r.st) || (st = r_end(&r))) goto done;
     s->pos = (int)n_tokens;
@@ -500,18 +529,7 @@ kv_status kv_session_restore(kv_model *m, const char *path, const uint8_t *key, 
 
 /* ==== cache files ================================================================ */
 
-#define KVC_MAGIC "KVLUAKC1"
-
 /* A stream of a cache file: as a session file's, under the cache magic. */
-static kv_status stream_init_cache(kvf_stream *s, FILE *f, bool enc, kv_error *e) {
-    kv_status st = stream_init(s, f, enc, e);
-    if (st) return st;
-    memcpy(s->pre, KVC_MAGIC, 8);
-    crypto_generichash_init(&s->hs, NULL, 0, 32);
-    crypto_generichash_update(&s->hs, s->pre, sizeof s->pre);
-    return KV_OK;
-}
-
 /* Consumes n bytes of the stream (a page the cache already holds). */
 static kv_status r_skip(kvf_stream *s, size_t n) {
     while (n && !s->st) {
@@ -605,64 +623,35 @@ kv_status kv_cache_save(kv_cache *c, const char *path, const uint8_t *key, const
         if (want[order[k]] == 2)
             for (int g = 0; g < c->n_groups; g++) n_pages += kv_pool_find(c, g, &c->tnodes[order[k]].hash) >= 0;
     }
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    int fd = -1;
-    if (!tmp) {
-        st = kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
-    } else {
-        snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
-        if ((fd = mkstemp(tmp)) < 0)
-            st = kv_fail(e, KV_ERR_IO, "save: cannot create a file beside %s: %s", path, strerror(errno));
-    }
-    FILE *f = NULL;
-    if (st == KV_OK) {
-        f = fdopen(fd, "wb");
-        kvf_stream w;
-        st = f ? stream_init_cache(&w, f, key != NULL, e) : kv_fail(e, KV_ERR_IO, "save: %s", strerror(errno));
-        if (st == KV_OK) {
-            errno = 0;
-            if (fwrite(w.pre, sizeof w.pre, 1, f) != 1) io_fail(&w, "write");
-            if (key && !w.st) {
-                uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
-                crypto_secretstream_xchacha20poly1305_init_push(&w.ss, hdr, key);
-                if (fwrite(hdr, sizeof hdr, 1, f) != 1) io_fail(&w, "write");
-            }
-            w_bytes(&w, fp, 32);
-            const uint32_t hv[8] = {(uint32_t)c->pt, (uint32_t)c->n_groups, (uint32_t)in->n_layer,
-                                    (uint32_t)in->n_head_kv, (uint32_t)in->head_dim, (uint32_t)in->head_dim_v,
-                                    (uint32_t)n_nodes, n_pages};
-            for (int i = 0; i < 8; i++) w_u32(&w, hv[i]);
-            for (int g = 0; g < c->n_groups; g++) w_u32(&w, (uint32_t)c->groups[g].window);
-            for (int il = 0; il < 2 * in->n_layer; il++) w_u32(&w, (uint32_t)c->ktypes[il]); /* K types, then V */
-            for (int32_t k = 0; k < n_nodes && !w.st; k++) {
-                const kv_tnode *t = &c->tnodes[order[k]];
-                w_u32(&w, t->parent < 0 ? 0u : (uint32_t)fidx[t->parent] + 1u);
-                const int32_t *ids = kv_pool_tnode_ids(c, order[k]);
-                for (int i = 0; i < c->pt; i++) w_u32(&w, (uint32_t)ids[i]);
-            }
-            /* pages, straight from the pool */
-            kv_backend *be = &m->be;
-            for (int32_t k = 0; k < n_nodes && !w.st; k++) {
-                if (want[order[k]] != 2) continue;
-                for (int g = 0; g < c->n_groups && !w.st; g++) {
-                    int32_t id = kv_pool_find(c, g, &c->tnodes[order[k]].hash);
-                    if (id < 0) continue;
-                    if (be->page_sync && (w.st = be->page_sync(be, c, g, id, false, e))) break;
-                    w_u32(&w, (uint32_t)k);
-                    w_u32(&w, (uint32_t)g);
-                    for (int li = 0; li < c->groups[g].n_layers; li++)
-                        for (int h = 0; h < c->n_kv; h++) {
-                            const int il = c->groups[g].layer_ids[li];
-                            w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, false), (size_t)c->pt * c->krows[il]);
-                            w_bytes(&w, kv_pool_row(c, g, id, li, h, 0, true), (size_t)c->pt * c->vrows[il]);
-                        }
-                }
-            }
-            st = save_finish(&w, f, key);
+    char *tmp;
+    int fd;
+    FILE *f;
+    kvf_stream w;
+    if ((st = save_open(&w, path, KVC_MAGIC, key, &tmp, &fd, &f, e)) == KV_OK) {
+        const uint32_t hv[8] = {(uint32_t)c->pt, (uint32_t)c->n_groups, (uint32_t)in->n_layer,
+                                (uint32_t)in->n_head_kv, (uint32_t)in->head_dim, (uint32_t)in->head_dim_v,
+                                (uint32_t)n_nodes, n_pages};
+        w_head(&w, fp, hv, 8, c);
+        for (int32_t k = 0; k < n_nodes && !w.st; k++) {
+            const kv_tnode *t = &c->tnodes[order[k]];
+            w_u32(&w, t->parent < 0 ? 0u : (uint32_t)fidx[t->parent] + 1u);
+            const int32_t *ids = kv_pool_tnode_ids(c, order[k]);
+            for (int i = 0; i < c->pt; i++) w_u32(&w, (uint32_t)ids[i]);
         }
-        st = save_close(f, fd, st, tmp, path, e);
+        /* pages, straight from the pool */
+        for (int32_t k = 0; k < n_nodes && !w.st; k++) {
+            if (want[order[k]] != 2) continue;
+            for (int g = 0; g < c->n_groups && !w.st; g++) {
+                int32_t id = kv_pool_find(c, g, &c->tnodes[order[k]].hash);
+                if (id < 0) continue;
+                w_u32(&w, (uint32_t)k);
+                w_u32(&w, (uint32_t)g);
+                w_page(&w, &m->be, c, g, id, e);
+            }
+        }
+        st = save_finish(&w, f, key);
     }
+    st = save_close(f, fd, st, tmp, path, e);
     free(tmp);
     free(want);
     free(order);
@@ -697,7 +686,7 @@ kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t 
     size = (uint64_t)end;
 
     kvf_stream r;
-    st = stream_init_cache(&r, f, enc, e);
+    st = stream_init(&r, f, enc, KVC_MAGIC, e);
     int *types = NULL;
     kv_hash *hash = NULL;
     int32_t *parent = NULL, *ids = NULL, *slot = NULL, *pn = NULL;
@@ -787,13 +776,7 @@ kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t 
             break;
         }
         slot[(size_t)k * G + g] = id;
-        for (int li = 0; li < Gp->n_layers && !r.st; li++)
-            for (int h = 0; h < c->n_kv && !r.st; h++) {
-                const int il = Gp->layer_ids[li];
-                r_bytes(&r, kv_pool_row(c, (int)g, id, li, h, 0, false), (size_t)pt * c->krows[il]);
-                r_bytes(&r, kv_pool_row(c, (int)g, id, li, h, 0, true), (size_t)pt * c->vrows[il]);
-            }
-        if (!r.st && be->page_sync) r.st = be->page_sync(be, c, (int)g, id, true, e);
+        r_page(&r, be, c, (int)g, id, e);
     }
     if ((st = r.st) || (st = r_end(&r))) goto done;
     /* the file is whole: its nodes join the cache's, its pages are sealed, unreferenced */
