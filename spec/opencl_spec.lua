@@ -16,15 +16,10 @@ local models = require "spec.support.models"
 
 local have_device = #kvlua.devices() > 0
 
+local ids_support = require "spec.support.ids"
+
 -- Deterministic token ids in [3, 64).
-local function some_ids(count, seed)
-  local t, x = {}, seed
-  for i = 1, count do
-    x = (x * 1103515245 + 12345) % 2147483648
-    t[i] = 3 + x % 61
-  end
-  return t
-end
+local function some_ids(count, seed) return ids_support.some(count, 64, seed) end
 
 local function max_abs(t)
   local m = 0

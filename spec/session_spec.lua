@@ -33,14 +33,7 @@ local function assert_close(a, b, tol, what)
 end
 
 -- Deterministic token ids in [3, n) (no specials).
-local function some_ids(count, n, seed)
-  local t, x = {}, seed or 12345
-  for i = 1, count do
-    x = (x * 1103515245 + 12345) % 2147483648
-    t[i] = 3 + x % (n - 3)
-  end
-  return t
-end
+local some_ids = require("spec.support.ids").some
 
 local function copy(t) return table.move(t, 1, #t, 1, {}) end
 
