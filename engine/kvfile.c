@@ -403,13 +403,15 @@ static kv_status read_head(kvf_stream *r, FILE *f, bool enc, const uint8_t *key,
     return KV_OK;
 }
 
-/* Version 1 stored quantized pages unrotated (quant.h): refused. */
-static kv_status check_rotation(kvf_stream *r, uint32_t version, const int *types, int n) {
-    for (int i = 0; i < n && version < 2; i++)
-        if (kv_type_rotated(types[i]))
-            return fmt_fail(r, "format version 1 holds quantized pages without the rotation this kvlua applies: "
-                               "save it again");
-    return KV_OK;
+/* The layers' K then V types (*types, n_layer * 2, the caller frees it);
+ * version 1 stored quantized pages unrotated (quant.h): refused. */
+static kv_status r_types(kvf_stream *r, uint32_t version, int n_layer, int **types, kv_error *e) {
+    if (!(*types = malloc(2 * (size_t)n_layer * sizeof(int)))) return kv_fail(e, KV_ERR_NOMEM, "restore: out of memory");
+    for (int i = 0; i < 2 * n_layer; i++) (*types)[i] = (int)r_u32(r);
+    for (int i = 0; i < 2 * n_layer && version < 2 && !r->st; i++)
+        if (kv_type_rotated((*types)[i]))
+            fmt_fail(r, "format version 1 holds quantized pages without the rotation this kvlua applies: save it again");
+    return r->st;
 }
 
 kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cache *cache, int min_ctx,
@@ -446,13 +448,7 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     }
     uint32_t windows[KV_MAX_GROUPS];
     for (int g = 0; g < n_groups; g++) windows[g] = r_u32(&r);
-    types = malloc(2 * (size_t)in->n_layer * sizeof(int));
-    if (!types) {
-        st = kv_fail(e, KV_ERR_NOMEM, "restore: out of memory");
-        goto done;
-    }
-    for (int i = 0; i < 2 * in->n_layer; i++) types[i] = (int)r_u32(&r);
-    if ((st = r.st) || (st = check_rotation(&r, version, types, 2 * in->n_layer))) goto done;
+    if ((st = r_types(&r, version, in->n_layer, &types, e))) goto done;
     int ctx = (int)n_ctx > min_ctx ? (int)n_ctx : min_ctx;
     if (cache) {
         if (cache->m != m) {
@@ -704,13 +700,7 @@ kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t 
     const uint32_t n_pages = hv[7];
     for (int g = 0; g < G; g++)
         if (r_u32(&r) != (uint32_t)c->groups[g].window && !r.st) fmt_fail(&r, "attention windows differ from the model's");
-    types = malloc(2 * (size_t)in->n_layer * sizeof(int));
-    if (!types) {
-        st = kv_fail(e, KV_ERR_NOMEM, "restore: out of memory");
-        goto done;
-    }
-    for (int i = 0; i < 2 * in->n_layer; i++) types[i] = (int)r_u32(&r);
-    if ((st = r.st) || (st = check_rotation(&r, version, types, 2 * in->n_layer))) goto done;
+    if ((st = r_types(&r, version, in->n_layer, &types, e))) goto done;
     if (hv[0] != (uint32_t)pt || memcmp(c->ktypes, types, 2 * (size_t)in->n_layer * sizeof(int)) != 0) {
         st = kv_fail(e, KV_ERR_ARG, "restore: the file's K/V types or page size differ from the cache's");
         goto done;
