@@ -57,6 +57,7 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
     /* the rows of session b: all T (one session) or row b (a batch) */
     const int nt = n_seqs == 1 ? T : 1;
     const bool batched = n_seqs > 1 && be->attention_batch;
+    kv_kvcache *batch_kv[KV_CHUNK]; /* a batch's sessions' pages (n_seqs <= KV_CHUNK) */
     for (int b = 0; b < n_seqs; b++) {
         kv_session *q = seqs[b];
         const int t0 = b * nt;
@@ -70,14 +71,14 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
         if (rot_v) be->hadamard(be, vb, (int64_t)nt * n_kv, hdv);
         be->kv_store(be, q->kv, il, q->pos, nt, kb, vb);
         if (batched) {
-            s->batch_kv[b] = q->kv; /* positions: pos_buf */
+            batch_kv[b] = q->kv; /* positions: pos_buf */
             continue;
         }
         be->attention(be, q->kv, &ap, qb, nt, q->pos, ob, s->awork); /* (nt, n_head*hdv) */
         if (rot_v) be->hadamard(be, ob, (int64_t)nt * n_head, hdv);
     }
     if (batched) { /* one dispatch for every session's row */
-        be->attention_batch(be, s->batch_kv, s->pos_buf, n_seqs, &ap, s->q, s->att, s->awork);
+        be->attention_batch(be, batch_kv, s->pos_buf, n_seqs, &ap, s->q, s->att, s->awork);
         for (int b = 0; b < n_seqs; b++)
             if (kv_type_rotated(kv_kvcache_vtype(seqs[b]->kv, il)))
                 be->hadamard(be, s->att + (size_t)b * n_head * hdv, n_head, hdv);

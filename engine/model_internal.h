@@ -81,7 +81,6 @@ struct kv_session {
     float *up;    /* (KV_CHUNK, n_ff) */
     float *awork; /* attention scratch (backend-sized) */
     int32_t *pos_buf;  /* (KV_CHUNK) positions of the chunk */
-    kv_kvcache **batch_kv; /* (KV_CHUNK) a batched decode's sessions' pages */
     void *mm_scratch;  /* matmul activation quantization */
     size_t mm_scratch_size;
 };

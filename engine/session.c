@@ -46,7 +46,6 @@ kv_status kv_session_alloc(kv_model *m, int n_ctx, kv_cache *pool, kv_session **
     s->tokens = malloc((size_t)n_ctx * sizeof *s->tokens);
     s->chain = malloc((size_t)s->kv->n_lp * sizeof *s->chain);
     s->pos_buf = malloc(C * sizeof *s->pos_buf);
-    s->batch_kv = malloc(C * sizeof *s->batch_kv);
     s->x = be->alloc(be, C * in->n_embd);
     s->xb = be->alloc(be, C * in->n_embd);
     s->q = be->alloc(be, C * in->n_head * in->head_dim);
@@ -75,7 +74,7 @@ kv_status kv_session_alloc(kv_model *m, int n_ctx, kv_cache *pool, kv_session **
     }
     s->mm_scratch_size = ms;
     if (posix_memalign(&s->mm_scratch, 64, ms ? ms : 64) != 0) s->mm_scratch = NULL;
-    if (!s->tokens || !s->chain || !s->pos_buf || !s->batch_kv || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att ||
+    if (!s->tokens || !s->chain || !s->pos_buf || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att ||
         !s->gate || !s->up || !s->awork || !s->mm_scratch) {
         kv_session_close(s);
         return kv_fail(e, KV_ERR_NOMEM, "session: out of memory for %d tokens", n_ctx);
@@ -147,7 +146,6 @@ void kv_session_close(kv_session *s) {
         if (bufs[i]) be->free(be, bufs[i]);
     free(s->mm_scratch);
     free(s->pos_buf);
-    free(s->batch_kv);
     free(s->tokens);
     free(s->chain);
     kv_kvcache_free(s->kv);
