@@ -637,23 +637,26 @@ kv_status kv_pool_reserve(kv_cache *c, const int need[KV_MAX_GROUPS], kv_error *
     return KV_OK;
 }
 
+/* A free page of group g (there is one), OWNED by one reference. */
+static int32_t take_one(kv_cache *c, kv_group *G) {
+    int32_t id = free_pop(G);
+    kv_page *p = &G->pages[id];
+    p->state = KV_PAGE_OWNED;
+    p->ref = 1;
+    p->lp = -1;
+    p->tnode = -1;
+    p->lru_prev = p->lru_next = -1;
+    p->last_use = ++c->tick;
+    G->n_used++;
+    return id;
+}
+
 kv_status kv_pool_take(kv_cache *c, int g, int n, int32_t *ids, kv_error *e) {
     int need[KV_MAX_GROUPS] = {0};
     need[g] = n;
     kv_status st = kv_pool_reserve(c, need, e);
     if (st) return st;
-    kv_group *G = &c->groups[g];
-    for (int i = 0; i < n; i++) {
-        int32_t id = free_pop(G);
-        kv_page *p = &G->pages[id];
-        p->state = KV_PAGE_OWNED;
-        p->ref = 1;
-        p->lp = -1;
-        p->lru_prev = p->lru_next = -1;
-        p->last_use = ++c->tick;
-        G->n_used++;
-        ids[i] = id;
-    }
+    for (int i = 0; i < n; i++) ids[i] = take_one(c, &c->groups[g]);
     return KV_OK;
 }
 
@@ -663,16 +666,7 @@ kv_status kv_pool_take_free(kv_cache *c, int g, int32_t *id, kv_error *e) {
         return kv_fail(e, KV_ERR_CACHE_FULL, "cache full: no free page left in layer group %d (%d in use by sessions, "
                        "%d cached; capacity %llu bytes)", g, (int)G->n_used, (int)G->n_cached,
                        (unsigned long long)c->capacity_bytes);
-    int32_t k = free_pop(G);
-    kv_page *p = &G->pages[k];
-    p->state = KV_PAGE_OWNED;
-    p->ref = 1;
-    p->lp = -1;
-    p->tnode = -1;
-    p->lru_prev = p->lru_next = -1;
-    p->last_use = ++c->tick;
-    G->n_used++;
-    *id = k;
+    *id = take_one(c, G);
     return KV_OK;
 }
 
