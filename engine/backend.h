@@ -77,6 +77,12 @@ struct kv_backend {
     /* y(T, w.rows) [row stride ldy] = x(T, w.cols) . w^T (+ bias(w.rows) if non-NULL). */
     void (*matmul)(kv_backend *b, const kv_weight *w, const float *bias, const float *x, int64_t T,
                    float *y, int64_t ldy, void *scratch);
+    /* Optional: n matmuls of the same x (n <= KV_MATMUL_N_MAX; the q, k, v
+     * projections, gate and up), y[i] (T, w[i].rows) with row stride
+     * w[i].rows, bias[i] or NULL; the same results as n calls of matmul.
+     * NULL: forward.c calls matmul n times. */
+    void (*matmul_n)(kv_backend *b, int n, const kv_weight *const *w, const float *const *bias, const float *x,
+                     int64_t T, float *const *y, void *scratch);
     /* y(T, n) = x / rms(x) * w for each row of n (w NULL: no weight); in place ok. */
     void (*rmsnorm)(kv_backend *b, float *y, const float *x, const float *w, int64_t T, int64_t n,
                     float eps);

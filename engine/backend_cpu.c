@@ -103,13 +103,28 @@ static size_t cpu_matmul_scratch(kv_backend *b, const kv_weight *w, int64_t T) {
     return kv_matmul_scratch_size(w->type, w->cols, T);
 }
 
+static void add_bias(const float *bias, int64_t rows, int64_t T, float *y, int64_t ldy) {
+    if (bias)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t r = 0; r < rows; r++) y[t * ldy + r] += bias[r];
+}
+
 static void cpu_matmul(kv_backend *b, const kv_weight *w, const float *bias, const float *x,
                        int64_t T, float *y, int64_t ldy, void *scratch) {
     cpu_ctx *c = b->ctx;
     kv_matmul(c->pool, w->type, w->data, w->rows, w->cols, x, T, y, ldy, scratch);
-    if (bias)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t r = 0; r < w->rows; r++) y[t * ldy + r] += bias[r];
+    add_bias(bias, w->rows, T, y, ldy);
+}
+
+static void cpu_matmul_n(kv_backend *b, int n, const kv_weight *const *w, const float *const *bias, const float *x,
+                         int64_t T, float *const *y, void *scratch) {
+    cpu_ctx *c = b->ctx;
+    kv_mm_out outs[KV_MATMUL_N_MAX] = {0};
+    if (n > KV_MATMUL_N_MAX) n = KV_MATMUL_N_MAX;
+    for (int i = 0; i < n; i++)
+        outs[i] = (kv_mm_out){.wtype = w[i]->type, .W = w[i]->data, .rows = w[i]->rows, .y = y[i], .ldy = w[i]->rows};
+    kv_matmul_n(c->pool, n, outs, w[0]->cols, x, T, scratch);
+    for (int i = 0; i < n; i++) add_bias(bias[i], w[i]->rows, T, y[i], w[i]->rows);
 }
 
 typedef struct {
@@ -122,12 +137,24 @@ typedef struct {
 static void rms_rows(void *arg, int64_t t0, int64_t t1) {
     const rms_args *a = arg;
     const int64_t n = a->n;
+    double ss[4];
     for (int64_t t = t0; t < t1; t++) {
         const float *xr = a->x + t * n; /* (n) */
         float *yr = a->y + t * n;       /* (n) */
-        double ss = 0.0;                /* float products summed in double, like ggml */
-        for (int64_t i = 0; i < n; i++) ss += (double)(xr[i] * xr[i]);
-        const float mean = (float)(ss / (double)n);
+        if ((t - t0) % 4 == 0) {
+            /* float products summed in double in order, like ggml: four
+             * rows' chains at once (each alone waits on its adds) */
+            const int64_t nr = t1 - t < 4 ? t1 - t : 4;
+            ss[0] = ss[1] = ss[2] = ss[3] = 0.0;
+            if (nr == 4)
+                for (int64_t i = 0; i < n; i++)
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) ss[r] += (double)(xr[r * n + i] * xr[r * n + i]);
+            else
+                for (int r = 0; r < nr; r++)
+                    for (int64_t i = 0; i < n; i++) ss[r] += (double)(xr[r * n + i] * xr[r * n + i]);
+        }
+        const float mean = (float)(ss[(t - t0) % 4] / (double)n);
         const float sc = 1.0f / sqrtf(mean + a->eps);
         if (a->w)
             for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * sc * a->w[i];
@@ -1499,6 +1526,7 @@ kv_status kv_backend_cpu_init(kv_backend *b, kv_pool *pool, kv_error *e) {
         .free = cpu_free,
         .matmul_scratch = cpu_matmul_scratch,
         .matmul = cpu_matmul,
+        .matmul_n = cpu_matmul_n,
         .rmsnorm = cpu_rmsnorm,
         .rope = cpu_rope,
         .add = cpu_add,

@@ -28,6 +28,17 @@
 
 /* ==== one layer ============================================================ */
 
+/* y[i] = x w[i]^T (+ bias[i]) for n weights of the same input: one call
+ * where the backend has matmul_n. */
+static void matmuls(kv_backend *be, int n, const kv_weight *const *w, const float *const *bias, const float *x,
+                    int64_t T, float *const *y, void *scratch) {
+    if (be->matmul_n) {
+        be->matmul_n(be, n, w, bias, x, T, y, scratch);
+        return;
+    }
+    for (int i = 0; i < n; i++) be->matmul(be, w[i], bias[i], x, T, y[i], w[i]->rows, scratch);
+}
+
 /* s owns the scratch; the T rows belong to seqs[0] (n_seqs == 1: T tokens
  * at its positions) or are one token of each of the n_seqs == T sessions. */
 static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, int il, int T) {
@@ -40,9 +51,9 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
 
     /* ---- attention ---- */
     be->rmsnorm(be, s->xb, s->x, L->attn_norm, T, n_embd, m->eps);             /* (T, n_embd) */
-    be->matmul(be, &L->wq, L->bq, s->xb, T, s->q, n_head * hd, s->mm_scratch); /* (T, n_head*hd) */
-    be->matmul(be, &L->wk, L->bk, s->xb, T, s->k, n_kv * hd, s->mm_scratch);   /* (T, n_kv*hd) */
-    be->matmul(be, &L->wv, L->bv, s->xb, T, s->v, n_kv * hdv, s->mm_scratch);  /* (T, n_kv*hdv) */
+    /* q (T, n_head*hd), k (T, n_kv*hd), v (T, n_kv*hdv) */
+    matmuls(be, 3, (const kv_weight *[]){&L->wq, &L->wk, &L->wv}, (const float *[]){L->bq, L->bk, L->bv}, s->xb, T,
+            (float *[]){s->q, s->k, s->v}, s->mm_scratch);
     if (L->q_norm) be->rmsnorm(be, s->q, s->q, L->q_norm, (int64_t)T * n_head, hd, m->eps);
     if (L->k_norm) be->rmsnorm(be, s->k, s->k, L->k_norm, (int64_t)T * n_kv, hd, m->eps);
     be->rope(be, s->q, T, n_head, hd, s->pos_buf, &L->rope);
@@ -91,8 +102,8 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
     /* ---- feed-forward ---- */
     const int n_ff = in->n_ff;
     be->rmsnorm(be, s->xb, s->x, L->ffn_norm, T, n_embd, m->eps);
-    be->matmul(be, &L->w_gate, NULL, s->xb, T, s->gate, n_ff, s->mm_scratch); /* (T, n_ff) */
-    be->matmul(be, &L->w_up, NULL, s->xb, T, s->up, n_ff, s->mm_scratch);     /* (T, n_ff) */
+    matmuls(be, 2, (const kv_weight *[]){&L->w_gate, &L->w_up}, (const float *[]){NULL, NULL}, s->xb, T,
+            (float *[]){s->gate, s->up}, s->mm_scratch); /* (T, n_ff) each */
     be->ffn_act(be, s->gate, s->up, (int64_t)T * n_ff, m->act);
     be->matmul(be, &L->w_down, NULL, s->gate, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
     if (L->post_ffw_norm) be->rmsnorm(be, s->xb, s->xb, L->post_ffw_norm, T, n_embd, m->eps);

@@ -947,97 +947,107 @@ size_t kv_matmul_scratch_size(int wtype, int64_t K, int64_t T) {
            al64(inter_bytes(vt, K, T)) + inter_floats(vt, K, T) * sizeof(float);
 }
 
+/* One weight of a product: its rows go to y (row stride ldy); its chunks
+ * are [c0, c0 + nchunks) of the job's shared counter. */
+typedef struct {
+    kv_tile_fn tile;
+    const uint8_t *W;
+    size_t ws;
+    int64_t rows, ldy;
+    float *y;
+    int wtype;
+    int64_t chunk, nchunks, c0;
+} mm_part;
+
 typedef struct {
     const kv_kernels *k;
-    kv_tile_fn tile;
-    int64_t K, rows, T, ldy;
-    const uint8_t *W;
-    size_t ws, xs;
+    int64_t K, T;
+    size_t xs;
     const float *x;
     uint8_t *X; /* (T, xs) quantized activations */
     float *xf;  /* side table or NULL */
     uint8_t *xi; /* 8-token interleaved quants or NULL */
     float *xs8;  /* their scales and sums */
     int64_t t8;  /* tokens [0, t8) go through the tile8 kernel */
-    float *y;
-    int vt, wtype;
-    int64_t chunk, nchunks;
+    int vt;
+    mm_part *parts;
+    int nparts;
+    int64_t nchunks; /* all parts' */
     atomic_long next;
 } mm_job;
 
-/* Token group G of 8 (all quantized) -> the interleaved layout; tokens
- * past T are zeros. */
-static void mm_interleave(mm_job *j, int64_t G) {
-    int64_t nb = j->K / 32;
-    size_t bs = j->vt == KV_TYPE_Q8_0 ? sizeof(kv_block_q8_0) : sizeof(kv_block_q8_1);
-    size_t qoff = j->vt == KV_TYPE_Q8_0 ? offsetof(kv_block_q8_0, qs) : offsetof(kv_block_q8_1, qs);
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *dst = j->xi + (G * nb + b) * 256;
-        float *f = j->xs8 + (G * nb + b) * KV_X8F;
-        for (int t = 0; t < 8; t++) {
-            int64_t tok = G * 8 + t;
+/* Token t's slots of its 8-token group in the interleaved layout: its
+ * quants' 4-byte groups (q: the quants of block b), d, d * sum and sum. */
+static inline void mm_slot(const mm_job *j, int64_t t, int64_t b, const int8_t *q, float d, float ds, int32_t sum) {
+    int64_t nb = j->K / 32, G = t / 8;
+    int k = (int)(t % 8);
+    uint8_t *dst = j->xi + (G * nb + b) * 256 + 4 * k;
+    float *f = j->xs8 + (G * nb + b) * KV_X8F;
+    for (int g = 0; g < 8; g++) memcpy(dst + 32 * g, q + 4 * g, 4);
+    f[k] = d, f[8 + k] = ds;
+    memcpy(&f[16 + k], &sum, 4);
+}
+
+/* Blocks [b0, b1) (of the dot type) of every token: quantized, with their
+ * side table entries and, for tokens below t8, interleaved slots (zeros
+ * for the last group's padding). Threads split the blocks, so each writes
+ * its own cache lines of the interleaved layout (a split by tokens would
+ * have them share every line). */
+static void mm_quant_blocks(mm_job *j, int64_t b0, int64_t b1) {
+    if (b0 >= b1) return;
+    kv_quant_fn qf = j->k->quant[j->vt];
+    const int64_t blk = kv_type_traits_get(j->vt)->blck, nb = j->K / 32;
+    const size_t bsz = kv_row_size(j->vt, blk);
+    if (j->xi) { /* the other thread read these lines last: ask for them all at once */
+        for (int64_t G = 0; G < (j->t8 + 7) / 8; G++)
+            for (const uint8_t *p = j->xi + (G * nb + b0) * 256, *e = j->xi + (G * nb + b1) * 256; p < e; p += 64)
+                __builtin_prefetch(p, 1, 3);
+    }
+    for (int64_t t = 0; t < j->T; t++) {
+        uint8_t *row = j->X + t * j->xs;
+        qf(j->x + t * j->K + b0 * blk, row + b0 * bsz, (b1 - b0) * blk);
+        if (!j->xf) continue; /* 32-element blocks from here (Q8_0 / Q8_1) */
+        const size_t qoff = j->vt == KV_TYPE_Q8_0 ? offsetof(kv_block_q8_0, qs) : offsetof(kv_block_q8_1, qs);
+        for (int64_t b = b0; b < b1; b++) {
+            const uint8_t *bp = row + b * bsz;
+            uint16_t dh;
+            memcpy(&dh, bp, 2);
+            const int8_t *qs = (const int8_t *)(bp + qoff);
             int32_t sum = 0;
-            if (tok >= j->T) {
-                for (int g = 0; g < 8; g++) memset(dst + 32 * g + 4 * t, 0, 4);
-                f[t] = f[8 + t] = 0;
-            } else {
-                const int8_t *q = (const int8_t *)(j->X + tok * j->xs + b * bs + qoff);
-                for (int g = 0; g < 8; g++) memcpy(dst + 32 * g + 4 * t, q + 4 * g, 4);
-                for (int i = 0; i < 32; i++) sum += q[i];
-                f[t] = j->xf[KV_XF(tok, b, nb)];
-                f[8 + t] = j->xf[KV_XF(tok, b, nb) + 4];
-            }
-            memcpy(&f[16 + t], &sum, 4);
+            for (int i = 0; i < 32; i++) sum += qs[i];
+            float d = kv_f16_to_f32(dh), ds = d * (float)sum;
+            j->xf[KV_XF(t, b, nb)] = d;
+            j->xf[KV_XF(t, b, nb) + 4] = ds;
+            if (j->xi && t < j->t8) mm_slot(j, t, b, qs, d, ds, sum);
         }
     }
+    if (j->xi)
+        for (int64_t t = j->t8; t < (j->t8 + 7) / 8 * 8; t++)
+            for (int64_t b = b0; b < b1; b++) mm_slot(j, t, b, (const int8_t[32]){0}, 0.0f, 0.0f, 0);
 }
 
 static void mm_quant_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    /* whole groups of 8 tokens per thread, so each builds its own groups */
-    int64_t ng = (j->T + 7) / 8;
-    int64_t t0 = ng * ith / nth * 8, t1 = ng * (ith + 1) / nth * 8;
-    if (t1 > j->T) t1 = j->T;
-    kv_quant_fn q = j->k->quant[j->vt];
-    int64_t nb = j->K / 32;
-    size_t bs = j->vt == KV_TYPE_Q8_0 ? sizeof(kv_block_q8_0) : sizeof(kv_block_q8_1);
-    size_t qoff = j->vt == KV_TYPE_Q8_0 ? offsetof(kv_block_q8_0, qs) : offsetof(kv_block_q8_1, qs);
-    for (int64_t t = t0; t < t1; t++) {
-        uint8_t *row = j->X + t * j->xs;
-        q(j->x + t * j->K, row, j->K);
-        if (!j->xf) continue;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * bs;
-            uint16_t dh;
-            memcpy(&dh, blk, 2);
-            const int8_t *qs = (const int8_t *)(blk + qoff);
-            int sum = 0;
-            for (int i = 0; i < 32; i++) sum += qs[i];
-            float d = kv_f16_to_f32(dh);
-            j->xf[KV_XF(t, b, nb)] = d;
-            j->xf[KV_XF(t, b, nb) + 4] = d * (float)sum;
-        }
-    }
-    if (j->xi)
-        for (int64_t G = t0 / 8; G * 8 < t1 && G * 8 < j->t8; G++) mm_interleave(j, G);
+    const int64_t nbt = j->K / kv_type_traits_get(j->vt)->blck;
+    mm_quant_blocks(j, nbt * ith / nth, nbt * (ith + 1) / nth);
 }
 
-/* Rows [r0, r1) for all tokens, tiles of tr rows x tt tokens (x 8 tokens
- * with the interleaved layout where there is one). */
-static void mm_rows(mm_job *j, int64_t r0, int64_t r1) {
+/* Rows [r0, r1) of part p for all tokens, tiles of tr rows x tt tokens (x 8
+ * tokens with the interleaved layout where there is one). */
+static void mm_rows(const mm_job *j, const mm_part *p, int64_t r0, int64_t r1) {
     int tr = j->k->tile_rows, tt = j->k->tile_toks;
     int64_t t = 0;
     if (j->xi) {
-        j->k->tile8[j->wtype](j->K, j->W + r0 * j->ws, j->ws, (int)(r1 - r0), j->xi, j->xs8,
-                              (int)j->t8, j->y + r0, j->ldy);
+        j->k->tile8[p->wtype](j->K, p->W + r0 * p->ws, p->ws, (int)(r1 - r0), j->xi, j->xs8, (int)j->t8,
+                              p->y + r0, p->ldy);
         t = j->t8;
     }
     for (; t < j->T; t += tt) {
         int nt = (int)(j->T - t < tt ? j->T - t : tt);
         for (int64_t r = r0; r < r1; r += tr) {
             int nr = (int)(r1 - r < tr ? r1 - r : tr);
-            j->tile(j->K, j->W + r * j->ws, j->ws, nr, j->X + t * j->xs, j->xs, nt,
-                    j->y + t * j->ldy + r, j->ldy, j->xf, t);
+            p->tile(j->K, p->W + r * p->ws, p->ws, nr, j->X + t * j->xs, j->xs, nt, p->y + t * p->ldy + r,
+                    p->ldy, j->xf, t);
         }
     }
 }
@@ -1047,29 +1057,32 @@ static void mm_task(void *arg, int ith, int nth) {
     /* every chunk from the shared counter: a thread that starts late finds
      * the work done instead of holding a chunk of its own */
     (void)ith, (void)nth;
+    int pi = 0;
     for (int64_t c = atomic_fetch_add(&j->next, 1); c < j->nchunks; c = atomic_fetch_add(&j->next, 1)) {
-        int64_t r0 = c * j->chunk, r1 = r0 + j->chunk;
-        if (r1 > j->rows) r1 = j->rows;
-        mm_rows(j, r0, r1);
+        while (c >= j->parts[pi].c0 + j->parts[pi].nchunks) pi++; /* chunks only grow */
+        const mm_part *p = &j->parts[pi];
+        int64_t r0 = (c - p->c0) * p->chunk, r1 = r0 + p->chunk;
+        if (r1 > p->rows) r1 = p->rows;
+        mm_rows(j, p, r0, r1);
     }
 }
 
-void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
-               const float *x, int64_t T, float *y, int64_t ldy, void *scratch) {
+/* The product of every part with x (T, K), all parts' weight types sharing
+ * the dot type vt: x is quantized once, and the parts' row chunks go
+ * through one dispatch. Parts with nothing to do (bad arguments) are
+ * skipped, as kv_matmul skips them. */
+static void matmul_parts(kv_pool *pool, int vt, mm_part *parts, int nparts, int64_t K, const float *x, int64_t T,
+                         void *scratch) {
     const kv_kernels *k = kernels();
-    int vt = kv_vec_dot_type(wtype);
-    if (vt < 0 || rows <= 0 || T <= 0 || K <= 0 || !k->tile[wtype]) return;
-    size_t xs = kv_row_size(vt, K), ws = kv_row_size(wtype, K);
-    if (xs == 0 || ws == 0 || !W || !x || !y || (T > 1 && ldy < rows)) return;
-    if (vt != KV_TYPE_F32 && !scratch) return;
+    size_t xs = kv_row_size(vt, K);
+    if (xs == 0 || !x || (vt != KV_TYPE_F32 && !scratch)) return;
     int nth = pool ? kv_pool_size(pool) : 1;
 
     mm_job j;
     memset(&j, 0, sizeof j);
     j.k = k;
-    j.tile = k->tile[wtype];
-    j.K = K, j.rows = rows, j.T = T, j.ldy = ldy;
-    j.W = W, j.ws = ws, j.xs = xs, j.x = x, j.y = y, j.vt = vt, j.wtype = wtype;
+    j.K = K, j.T = T, j.xs = xs, j.x = x, j.vt = vt;
+    j.parts = parts, j.nparts = nparts;
     if (vt == KV_TYPE_F32) {
         j.X = (uint8_t *)x; /* row stride K floats = xs bytes */
     } else {
@@ -1081,31 +1094,73 @@ void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
         /* 8-token tiles for the whole groups, and for a last partial
          * group (padded) unless a token or two alone are cheaper */
         j.t8 = T % 8 >= TILE8_MIN_TAIL ? T : T / 8 * 8;
-        if (k->tile8[wtype] && j.t8 > 0 && inter_bytes(vt, K, T)) {
+        bool tile8 = j.t8 > 0 && inter_bytes(vt, K, T) > 0;
+        for (int i = 0; i < nparts; i++) tile8 = tile8 && k->tile8[parts[i].wtype];
+        if (tile8) {
             j.xi = q;
             j.xs8 = (float *)(q + al64(inter_bytes(vt, K, T)));
         } else {
             j.t8 = 0;
         }
-        if (nth > 1 && T >= 4 * nth)
+        /* threads split the blocks: worth a dispatch from 4 tokens a thread */
+        if (nth > 1 && T >= 4 * nth && K / kv_type_traits_get(vt)->blck >= nth)
             kv_pool_run(pool, mm_quant_task, &j);
         else
-            mm_quant_task(&j, 0, 1);
+            mm_quant_blocks(&j, 0, K / kv_type_traits_get(vt)->blck);
     }
 
-    /* Row chunks: about 4 per thread (dynamic balance), rounded to the tile,
+    /* Row chunks: about 4 per thread (dynamic balance), rounded to the tile
+     * (16 rows with the 8-token tiles, whose widest kernel takes 16),
      * small enough that a chunk's weights stay in L2 across token tiles. */
-    int tr = k->tile_rows;
-    int64_t chunk = (rows + 4 * nth - 1) / (4 * nth);
-    int64_t maxrows = (int64_t)((256 * 1024) / ws);
-    if (T > 1 && chunk > maxrows) chunk = maxrows;
-    if (chunk < 16) chunk = 16;
-    chunk = (chunk + tr - 1) / tr * tr;
-    j.chunk = chunk;
-    j.nchunks = (rows + chunk - 1) / chunk;
+    int tr = j.xi && 16 % k->tile_rows == 0 ? 16 : k->tile_rows;
+    for (int i = 0; i < nparts; i++) {
+        mm_part *p = &parts[i];
+        int64_t chunk = (p->rows + 4 * nth - 1) / (4 * nth);
+        int64_t maxrows = (int64_t)((256 * 1024) / p->ws);
+        if (T > 1 && chunk > maxrows) chunk = maxrows;
+        if (chunk < 16) chunk = 16;
+        chunk = (chunk + tr - 1) / tr * tr;
+        p->chunk = chunk;
+        p->nchunks = (p->rows + chunk - 1) / chunk;
+        p->c0 = j.nchunks;
+        j.nchunks += p->nchunks;
+    }
     atomic_init(&j.next, 0);
     if (nth > 1 && j.nchunks > 1)
         kv_pool_run(pool, mm_task, &j);
     else
         mm_task(&j, 0, 1);
+}
+
+/* A part for W, or false when the product has nothing to do. */
+static bool mm_part_init(mm_part *p, int wtype, const void *W, int64_t rows, int64_t K, float *y, int64_t ldy,
+                         int64_t T) {
+    const kv_kernels *k = kernels();
+    if (kv_vec_dot_type(wtype) < 0 || rows <= 0 || T <= 0 || K <= 0 || !k->tile[wtype]) return false;
+    size_t ws = kv_row_size(wtype, K);
+    if (ws == 0 || !W || !y || (T > 1 && ldy < rows)) return false;
+    *p = (mm_part){.tile = k->tile[wtype], .W = W, .ws = ws, .rows = rows, .ldy = ldy, .y = y, .wtype = wtype};
+    return true;
+}
+
+void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
+               const float *x, int64_t T, float *y, int64_t ldy, void *scratch) {
+    mm_part p;
+    if (mm_part_init(&p, wtype, W, rows, K, y, ldy, T)) matmul_parts(pool, kv_vec_dot_type(wtype), &p, 1, K, x, T, scratch);
+}
+
+void kv_matmul_n(kv_pool *pool, int n, const kv_mm_out *outs, int64_t K, const float *x, int64_t T, void *scratch) {
+    mm_part parts[KV_MATMUL_N_MAX];
+    int np = 0, vt = -1;
+    for (int i = 0; i < n && i < KV_MATMUL_N_MAX; i++) {
+        const kv_mm_out *o = &outs[i];
+        if (!mm_part_init(&parts[np], o->wtype, o->W, o->rows, K, o->y, o->ldy, T)) continue;
+        int v = kv_vec_dot_type(o->wtype);
+        if (np > 0 && v != vt) { /* another dot type: its own quantization */
+            matmul_parts(pool, v, &parts[np], 1, K, x, T, scratch);
+            continue;
+        }
+        vt = v, np++;
+    }
+    if (np > 0) matmul_parts(pool, vt, parts, np, K, x, T, scratch);
 }

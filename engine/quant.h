@@ -76,4 +76,19 @@ size_t kv_matmul_scratch_size(int wtype, int64_t K, int64_t T);
 void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
                const float *x, int64_t T, float *y, int64_t ldy, void *scratch);
 
+/* Several products of the same x (T, K): y_i = x W_i^T for each out i (at
+ * most KV_MATMUL_N_MAX), the bits kv_matmul gives each. x is quantized once
+ * for the weights sharing a dot type and their rows go through one
+ * dispatch (the q, k, v projections; gate and up). scratch: the largest
+ * kv_matmul_scratch_size of the weights. */
+#define KV_MATMUL_N_MAX 4
+typedef struct {
+    int wtype;
+    const void *W;
+    int64_t rows;
+    float *y;
+    int64_t ldy;
+} kv_mm_out;
+void kv_matmul_n(kv_pool *pool, int n, const kv_mm_out *outs, int64_t K, const float *x, int64_t T, void *scratch);
+
 #endif

@@ -507,12 +507,19 @@ KV_INL void tile8_z(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint8
         for (int p = 0; p < 2; p++) /* [row 2p's quants | row 2p+1's] */
             w2[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *)wb[2 * p])),
                                        _mm256_load_si256((const __m256i *)wb[2 * p + 1]), 1);
+        /* the 128-bit lanes [A0 A0 B0 B0] and [A1 A1 B1 B1] of each pair (A, B
+         * its rows' quants, 0 / 1 their dwords 0-3 / 4-7): an in-lane dword
+         * broadcast then gives group g of A in lanes 0-7 and of B in 8-15 */
+        __m512i wl[2][2];
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++)
+            wl[p][0] = _mm512_shuffle_i32x4(w2[p], w2[p], 0xA0), wl[p][1] = _mm512_shuffle_i32x4(w2[p], w2[p], 0xF5);
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
             const __m512i xv = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(xb + 32 * g)));
-            const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32(g), _mm512_set_epi32(8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0));
 #pragma GCC unroll 2
-            for (int p = 0; p < 2; p++) isum[p] = _mm512_dpbusd_epi32(isum[p], _mm512_permutexvar_epi32(ix, w2[p]), xv);
+            for (int p = 0; p < 2; p++)
+                isum[p] = _mm512_dpbusd_epi32(isum[p], _mm512_shuffle_epi32(wl[p][g >> 2], (_MM_PERM_ENUM)((g & 3) * 0x55)), xv);
         }
         const float *f = xs8 + b * KV_X8F;
         const __m512 dx = dup256_ps(_mm256_load_ps(f)), sx = dup256_ps(_mm256_load_ps(f + 8));
@@ -532,6 +539,96 @@ KV_INL void tile8_z(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint8
         _mm512_store_ps(o, acc[p]);
         for (int t = 0; t < 8 && t < nt; t++) y[t * ldy + 2 * p] = o[t], y[t * ldy + 2 * p + 1] = o[8 + t];
     }
+}
+
+/* 16 rows x 8 tokens with the rows in the lanes (4/5-bit formats Q4_0 /
+ * Q4_1, and Q8_0): the weights of a block are transposed so that vector g
+ * holds group g (4 quants) of the 16 rows, and each token's 4 activation
+ * quants of group g come in as an embedded broadcast, so there are no
+ * shuffles in the inner loop. Lane 4i + j holds row 4j + i (a 4 x 4
+ * transpose within the 128-bit lanes); the stores put the rows back in
+ * order. The integer sums and the float steps of a (row, token) are those
+ * of the other tiles: the same bits. */
+#define R16_OK(WT) ((WT) == KV_TYPE_Q4_0 || (WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q8_0)
+
+/* 16 bytes at each of 16 rows (p, ws apart) -> t[k] = dword k of every row, lane 4i + j <- row 4j + i. */
+KV_INL void r16_transpose(const uint8_t *p, size_t ws, __m512i t[4]) {
+    __m512i z[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const uint8_t *q = p + (size_t)(4 * j) * ws;
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + ws)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 2 * ws)), 2);
+        z[j] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 3 * ws)), 3);
+    }
+    /* z[j] lane i = row 4j + i */
+    const __m512i a0 = _mm512_unpacklo_epi32(z[0], z[1]), a1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i a2 = _mm512_unpacklo_epi32(z[2], z[3]), a3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    t[0] = _mm512_unpacklo_epi64(a0, a2), t[1] = _mm512_unpackhi_epi64(a0, a2);
+    t[2] = _mm512_unpacklo_epi64(a1, a3), t[3] = _mm512_unpackhi_epi64(a1, a3);
+}
+
+KV_INL void tile8_r16(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi, const float *xs8, float *y,
+                      int64_t ldy, int nt) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
+    /* byte offset of lane L's row (4 (L % 4) + L / 4) */
+    const __m512i lane = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i roff = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)ws));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = W + b * W32_BS(WT);
+        /* the next 16 rows' block b (the hardware prefetchers stop at page ends) */
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) _mm_prefetch((const char *)wb + (16 + r) * ws, _MM_HINT_T0);
+        const __m512i dm = _mm512_i32gather_epi32(roff, wb, 1); /* d (| m) of each lane's row */
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        const __m512 mw = W32_MIN(WT) ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))) : dw;
+        __m512i wt[8];
+        if (W32_SIGNED(WT)) { /* Q8_0: quants + 128 as u8; 128 * sum(qx) taken off below */
+            __m512i lo[4], hi[4];
+            r16_transpose(wb + W32_QS(WT), ws, lo);
+            r16_transpose(wb + W32_QS(WT) + 16, ws, hi);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                wt[k] = _mm512_xor_si512(lo[k], _mm512_set1_epi8((char)0x80)),
+                wt[4 + k] = _mm512_xor_si512(hi[k], _mm512_set1_epi8((char)0x80));
+        } else { /* byte i: element i (low nibble), element 16 + i (high) */
+            __m512i q[4];
+            r16_transpose(wb + W32_QS(WT), ws, q);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                wt[k] = _mm512_and_si512(q[k], m4), wt[4 + k] = _mm512_and_si512(_mm512_srli_epi16(q[k], 4), m4);
+        }
+        const uint8_t *xb = xi + b * 256;
+        __m512i isum[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) isum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const int32_t *xg = (const int32_t *)(xb + 32 * g);
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) isum[t] = _mm512_dpbusd_epi32(isum[t], wt[g], _mm512_set1_epi32(xg[t]));
+        }
+        const float *f = xs8 + b * KV_X8F;
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            __m512i I = isum[t];
+            if (W32_SIGNED(WT)) {
+                int32_t sq;
+                memcpy(&sq, f + 16 + t, 4);
+                I = _mm512_sub_epi32(I, _mm512_set1_epi32((int32_t)((uint32_t)sq << 7)));
+            }
+            acc[t] = w32_acc_z(WT, acc[t], I, dw, mw, _mm512_set1_ps(f[t]), _mm512_set1_ps(f[8 + t]));
+        }
+    }
+    /* row R = 4j + i sits in lane 4i + j */
+    const __m512i back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++)
+        if (t < nt) _mm512_storeu_ps(y + t * ldy, _mm512_permutexvar_ps(back, acc[t]));
 }
 #endif
 
@@ -589,7 +686,15 @@ KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, cons
 
 #if KV_VNNI
 #define TILE8_4(WT, nb, W, ws, xi, xs8, y, ldy, nt) tile8_z(WT, nb, W, ws, xi, xs8, y, ldy, nt)
+/* 16-row tiles where the row offsets fit the gather's int32 indices */
+#define TILE8_R16(WT, ws) (R16_OK(WT) && (ws) <= INT32_MAX / 16)
+#define TILE8_R16_CALL(WT, nb, W, ws, xi, xs8, y, ldy, nt)                       \
+    do {                                                                           \
+        if (R16_OK(WT)) tile8_r16(R16_OK(WT) ? WT : KV_TYPE_Q8_0, nb, W, ws, xi, xs8, y, ldy, nt); \
+    } while (0)
 #else
+#define TILE8_R16(WT, ws) 0
+#define TILE8_R16_CALL(WT, nb, W, ws, xi, xs8, y, ldy, nt) ((void)0)
 #define TILE8_4(WT, nb, W, ws, xi, xs8, y, ldy, nt) tile8(WT, 4, nb, W, ws, xi, xs8, y, ldy, nt)
 #endif
 
@@ -597,6 +702,10 @@ KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, cons
     static KV_AVX2 void NAME##_4(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,      \
                                  const float *xs8, float *y, int64_t ldy, int nt) {                 \
         TILE8_4(WT, nb, W, ws, xi, xs8, y, ldy, nt);                                                \
+    }                                                                                               \
+    static KV_AVX2 void NAME##_r16(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,    \
+                                   const float *xs8, float *y, int64_t ldy, int nt) {               \
+        TILE8_R16_CALL(WT, nb, W, ws, xi, xs8, y, ldy, nt);                                         \
     }                                                                                               \
     static KV_AVX2 void NAME##_1(int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi,      \
                                  const float *xs8, float *y, int64_t ldy, int nt) {                 \
@@ -627,6 +736,8 @@ KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, cons
             const float *fg = xs8 + (t / 8) * nb * KV_X8F;                                          \
             float *yg = y + (int64_t)t * ldy;                                                       \
             int r = 0;                                                                              \
+            if (TILE8_R16(WT, ws))                                                                  \
+                for (; r + 16 <= nr; r += 16) NAME##_r16(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t); \
             for (; r + 4 <= nr; r += 4) NAME##_4(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t);  \
             for (; r < nr; r++) NAME##_1(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t);          \
         }                                                                                           \

@@ -1257,7 +1257,8 @@ static void l_install_generate(lua_State *L) {
     lua_pop(L, 3);
 }
 
-int luaopen_kvlua(lua_State *L) {
+/* the module's one exported symbol (the build hides the rest) */
+__attribute__((visibility("default"))) int luaopen_kvlua(lua_State *L) {
     luaL_newmetatable(L, L_GUARD);
     lua_pushcfunction(L, l_guard_close), lua_setfield(L, -2, "__close");
     lua_pop(L, 1);

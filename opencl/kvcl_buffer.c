@@ -112,7 +112,7 @@ kv_status kvcl_read(kvcl_ctx *c, kvcl_buf *b, size_t off, void *dst, size_t n, k
 }
 
 kv_status kvcl_copy(kvcl_ctx *c, kvcl_buf *dst, size_t doff, kvcl_buf *src, size_t soff, size_t n, kv_error *e) {
-    cl_mem dm, sm;
+    cl_mem dm = NULL, sm = NULL;
     if (kvcl_check(c, e) != KV_OK) return c->failed;
     if (kvcl_buf_single(dst, "copy", &dm, e) || kvcl_buf_single(src, "copy", &sm, e)) return KV_ERR_ARG;
     if (doff > dst->bytes || n > dst->bytes - doff || soff > src->bytes || n > src->bytes - soff)

@@ -8,7 +8,8 @@
  *
  * Decode cycles through enough copies of each matrix (>= 128 MiB) that the
  * weights come from memory, as in a real forward pass; KVLUA_SIMD=scalar
- * measures the portable path; BENCH_HOT=1 reuses one copy (cache-hot).
+ * measures the portable path; BENCH_HOT=1 reuses one copy (cache-hot),
+ * BENCH_COLD=1 cycles through the copies at every T (weights from memory).
  * BENCH_T=1,64 picks the token counts, BENCH_MODEL=gemma3 the shapes of
  * one model. Matrices over 64M weights (Gemma 3's 262144 x 640 output) are
  * timed at T <= 32 only (decode and batched decode). On CPUs with
@@ -134,7 +135,7 @@ int main(int argc, char **argv) {
             float *x = malloc((size_t)(T * K) * 4), *y = malloc((size_t)(T * rows) * 4);
             void *scratch = malloc(kv_matmul_scratch_size(wt, K, T));
             for (int64_t i = 0; i < T * K; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
-            int copies = (T == 1 && !getenv("BENCH_HOT")) ? ncopies : 1;
+            int copies = ((T == 1 || getenv("BENCH_COLD")) && !getenv("BENCH_HOT")) ? ncopies : 1;
             kv_matmul(pool, wt, W, rows, K, x, T, y, rows, scratch); /* warm up */
             long n = 0;
             double t0 = now(), t1;

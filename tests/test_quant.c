@@ -9,6 +9,7 @@
  *   - kv_matmul is batch invariant: a token's row of y has the same bits
  *     whatever else is in the batch (T = 1 decode or a tile of the prefill,
  *     any position in it) and whatever the thread count
+ *   - kv_matmul_n (several weights of one x, mixed dot types) == kv_matmul each
  */
 #include <math.h>
 #include <stdio.h>
@@ -455,6 +456,57 @@ static void test_batch_invariance(void) {
     kv_pool_destroy(pools[1]);
 }
 
+/* kv_matmul_n: several weights of the same x, mixing dot types (Q8_1 for
+ * Q4_1, Q8_0, Q8_K for Q4_K), gives each output the bits kv_matmul gives it. */
+static void test_matmul_n(void) {
+    static const int wts[] = {KV_TYPE_Q4_1, KV_TYPE_Q8_0, KV_TYPE_Q4_K, KV_TYPE_Q4_0};
+    static const int rows[] = {61, 16, 130, 7};
+    static const int Ts[] = {1, 3, 8, 17};
+    const int64_t K = 512;
+    kv_pool *pools[2] = {NULL, NULL};
+    kv_error e;
+    for (int p = 0; p < 2; p++)
+        if (kv_pool_create(p + 1, &pools[p], &e) != KV_OK) { CHECK(0, "pool: %s", e.msg); return; }
+    uint8_t *W[4];
+    for (int i = 0; i < 4; i++) {
+        size_t wrs = kv_row_size(wts[i], K);
+        float *wf = xmalloc((size_t)rows[i] * K * 4);
+        W[i] = xmalloc(wrs * rows[i]);
+        for (int64_t k = 0; k < rows[i] * K; k++) wf[k] = nrand();
+        for (int r = 0; r < rows[i]; r++) kv_quantize_row(wts[i], wf + r * K, W[i] + r * wrs, K);
+        free(wf);
+    }
+    int bad = 0;
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int T = Ts[ti];
+        float *x = xmalloc((size_t)T * K * 4);
+        for (int64_t k = 0; k < T * K; k++) x[k] = nrand();
+        size_t ss = 0;
+        for (int i = 0; i < 4; i++)
+            if (kv_matmul_scratch_size(wts[i], K, T) > ss) ss = kv_matmul_scratch_size(wts[i], K, T);
+        uint8_t *scratch = xmalloc(ss);
+        for (int p = 0; p < 2; p++) {
+            float *y[4], *ref[4];
+            kv_mm_out outs[4];
+            for (int i = 0; i < 4; i++) {
+                y[i] = xmalloc((size_t)T * rows[i] * 4), ref[i] = xmalloc((size_t)T * rows[i] * 4);
+                kv_matmul(pools[p], wts[i], W[i], rows[i], K, x, T, ref[i], rows[i], scratch);
+                outs[i] = (kv_mm_out){.wtype = wts[i], .W = W[i], .rows = rows[i], .y = y[i], .ldy = rows[i]};
+            }
+            kv_matmul_n(pools[p], 4, outs, K, x, T, scratch);
+            for (int i = 0; i < 4; i++) {
+                bad += memcmp(y[i], ref[i], (size_t)T * rows[i] * 4) != 0;
+                free(y[i]), free(ref[i]);
+            }
+        }
+        free(x), free(scratch);
+    }
+    CHECK(bad == 0, "kv_matmul_n (%s): %d outputs differ from kv_matmul's", kv_simd_name(), bad);
+    for (int i = 0; i < 4; i++) free(W[i]);
+    kv_pool_destroy(pools[0]);
+    kv_pool_destroy(pools[1]);
+}
+
 /* The rotation of quantized K/V rows: blocks of the largest power of two
  * dividing n (<= 256), orthonormal, its own inverse; a unit vector becomes
  * 1/sqrt(block) over its block. */
@@ -503,6 +555,7 @@ int main(void) {
     test_dot();
     test_matmul();
     test_batch_invariance();
+    test_matmul_n();
     test_hadamard();
     return kvt_finish();
 }
