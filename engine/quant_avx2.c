@@ -569,32 +569,59 @@ KV_INL void r16_transpose(const uint8_t *p, size_t ws, __m512i t[4]) {
     t[2] = _mm512_unpacklo_epi64(a1, a3), t[3] = _mm512_unpackhi_epi64(a1, a3);
 }
 
+/* 32 bytes at each of 16 rows (p, ws apart) -> t[k] = dword k of every row,
+ * lane L <- row L (not r16_transpose's order): 4 x 4 transposes within the
+ * 128-bit lanes of [row r | row r + 4] pairs, then the lanes regrouped. */
+KV_INL void r16_transpose32(const uint8_t *p, size_t ws, __m512i t[8]) {
+    __m512i u[2][4];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 */
+        __m512i z[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) { /* lanes [r.lo r.hi r'.lo r'.hi], r = 8h + k, r' = r + 4 */
+            const uint8_t *q = p + (size_t)(8 * h + k) * ws;
+            z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q)),
+                                      _mm256_loadu_si256((const __m256i *)(q + 4 * ws)), 1);
+        }
+        const __m512i a0 = _mm512_unpacklo_epi32(z[0], z[1]), a1 = _mm512_unpackhi_epi32(z[0], z[1]);
+        const __m512i a2 = _mm512_unpacklo_epi32(z[2], z[3]), a3 = _mm512_unpackhi_epi32(z[2], z[3]);
+        /* u[h][k] lanes: dword k of rows 8h+0..3 | dword 4+k of them | dword k of rows 8h+4..7 | dword 4+k */
+        u[h][0] = _mm512_unpacklo_epi64(a0, a2), u[h][1] = _mm512_unpackhi_epi64(a0, a2);
+        u[h][2] = _mm512_unpacklo_epi64(a1, a3), u[h][3] = _mm512_unpackhi_epi64(a1, a3);
+    }
+    /* 128-bit lanes 0 / 2 of u[h][k] (dword k of rows 8h..8h+3 / 8h+4..8h+7)
+     * side by side: lane L holds row L */
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm512_shuffle_i64x2(u[0][k], u[1][k], 0x88);     /* lanes 0, 2 of each: dword k */
+        t[4 + k] = _mm512_shuffle_i64x2(u[0][k], u[1][k], 0xDD); /* lanes 1, 3: dword 4 + k */
+    }
+}
+
 KV_INL void tile8_r16(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint8_t *xi, const float *xs8, float *y,
                       int64_t ldy, int nt) {
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
-    /* byte offset of lane L's row (4 (L % 4) + L / 4) */
-    const __m512i lane = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    /* lane L's row: 4 (L % 4) + L / 4 (r16_transpose), L for Q8_0 (r16_transpose32) */
+    const __m512i lane = W32_SIGNED(WT) ? _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                        : _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     const __m512i roff = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)ws));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = W + b * W32_BS(WT);
-        /* the next 16 rows' block b (the hardware prefetchers stop at page ends) */
+        /* block b of the rows two tiles ahead, into L2 (the hardware prefetchers
+         * stop at page ends; into L1 the requests queue behind the loads) */
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; r++) _mm_prefetch((const char *)wb + (16 + r) * ws, _MM_HINT_T0);
+        for (int r = 0; r < 16; r++) _mm_prefetch((const char *)wb + (32 + r) * ws, _MM_HINT_T1);
         const __m512i dm = _mm512_i32gather_epi32(roff, wb, 1); /* d (| m) of each lane's row */
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
         const __m512 mw = W32_MIN(WT) ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))) : dw;
         __m512i wt[8];
         if (W32_SIGNED(WT)) { /* Q8_0: quants + 128 as u8; 128 * sum(qx) taken off below */
-            __m512i lo[4], hi[4];
-            r16_transpose(wb + W32_QS(WT), ws, lo);
-            r16_transpose(wb + W32_QS(WT) + 16, ws, hi);
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++)
-                wt[k] = _mm512_xor_si512(lo[k], _mm512_set1_epi8((char)0x80)),
-                wt[4 + k] = _mm512_xor_si512(hi[k], _mm512_set1_epi8((char)0x80));
+            r16_transpose32(wb + W32_QS(WT), ws, wt);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) wt[k] = _mm512_xor_si512(wt[k], _mm512_set1_epi8((char)0x80));
         } else { /* byte i: element i (low nibble), element 16 + i (high) */
             __m512i q[4];
             r16_transpose(wb + W32_QS(WT), ws, q);
@@ -624,11 +651,11 @@ KV_INL void tile8_r16(int WT, int64_t nb, const uint8_t *W, size_t ws, const uin
             acc[t] = w32_acc_z(WT, acc[t], I, dw, mw, _mm512_set1_ps(f[t]), _mm512_set1_ps(f[8 + t]));
         }
     }
-    /* row R = 4j + i sits in lane 4i + j */
+    /* row R = 4j + i sits in lane 4i + j (Q8_0: in lane R) */
     const __m512i back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 #pragma GCC unroll 8
     for (int t = 0; t < 8; t++)
-        if (t < nt) _mm512_storeu_ps(y + t * ldy, _mm512_permutexvar_ps(back, acc[t]));
+        if (t < nt) _mm512_storeu_ps(y + t * ldy, W32_SIGNED(WT) ? acc[t] : _mm512_permutexvar_ps(back, acc[t]));
 }
 #endif
 

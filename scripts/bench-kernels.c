@@ -11,7 +11,8 @@
  * measures the portable path; BENCH_HOT=1 reuses one copy (cache-hot),
  * BENCH_COLD=1 cycles through the copies at every T (weights from memory).
  * BENCH_T=1,64 picks the token counts, BENCH_MODEL=gemma3 the shapes of
- * one model. Matrices over 64M weights (Gemma 3's 262144 x 640 output) are
+ * one model, BENCH_ROWS=640 those with that many rows. Matrices over 64M
+ * weights (Gemma 3's 262144 x 640 output) are
  * timed at T <= 32 only (decode and batched decode). On CPUs with
  * AVX512-VNNI it first times the int8 dot-product instruction the kernels
  * use (vpdpbusd, 256- and 512-bit, one core): the ceiling of the
@@ -109,7 +110,7 @@ int main(int argc, char **argv) {
         for (char *p = getenv("BENCH_T"); *p && nT < 8; p += strspn(p, ","))
             Ts[nT++] = (int)strtol(p, &p, 10);
     }
-    const char *only = getenv("BENCH_MODEL");
+    const char *only = getenv("BENCH_MODEL"), *only_rows = getenv("BENCH_ROWS");
     printf("type %s, %d threads, simd %s\n", kv_type_traits_get(wt)->name, nth, kv_simd_name());
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("avx512vnni")) vnni_peak(secs);
@@ -117,7 +118,9 @@ int main(int argc, char **argv) {
     printf("%-8s %6s %6s %5s %10s %9s %10s\n", "model", "rows", "K", "T", "us/call", "GB/s", "GFLOP/s");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t rows = shapes[s].rows, K = shapes[s].K;
-        if (K % kv_type_traits_get(wt)->blck || (only && strcmp(only, shapes[s].model) != 0)) continue;
+        if (K % kv_type_traits_get(wt)->blck || (only && strcmp(only, shapes[s].model) != 0) ||
+            (only_rows && atol(only_rows) != rows))
+            continue;
         size_t wbytes = kv_row_size(wt, K) * (size_t)rows;
         int ncopies = (int)((128u << 20) / wbytes) + 1;
         uint8_t *W = malloc(wbytes * ncopies);
