@@ -541,15 +541,16 @@ KV_INL void tile8_z(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint8
     }
 }
 
-/* 16 rows x 8 tokens with the rows in the lanes (4/5-bit formats Q4_0 /
- * Q4_1, and Q8_0): the weights of a block are transposed so that vector g
- * holds group g (4 quants) of the 16 rows, and each token's 4 activation
- * quants of group g come in as an embedded broadcast, so there are no
- * shuffles in the inner loop. Lane 4i + j holds row 4j + i (a 4 x 4
- * transpose within the 128-bit lanes); the stores put the rows back in
- * order. The integer sums and the float steps of a (row, token) are those
- * of the other tiles: the same bits. */
-#define R16_OK(WT) ((WT) == KV_TYPE_Q4_0 || (WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q8_0)
+/* 16 rows x 8 tokens with the rows in the lanes (the 32-element formats):
+ * the weights of a block are transposed so that vector g holds group g (4
+ * quants) of the 16 rows, and each token's 4 activation quants of group g
+ * come in as an embedded broadcast, so there are no shuffles in the inner
+ * loop. Lane 4i + j holds row 4j + i (a 4 x 4 transpose within the 128-bit
+ * lanes; Q8_0: lane L row L); the stores put the rows back in order. The
+ * integer sums and the float steps of a (row, token) are those of the
+ * other tiles: the same bits. */
+#define R16_OK(WT) ((WT) == KV_TYPE_Q4_0 || (WT) == KV_TYPE_Q4_1 || (WT) == KV_TYPE_Q5_0 || (WT) == KV_TYPE_Q5_1 || \
+                    (WT) == KV_TYPE_Q8_0)
 
 /* 16 bytes at each of 16 rows (p, ws apart) -> t[k] = dword k of every row, lane 4i + j <- row 4j + i. */
 KV_INL void r16_transpose(const uint8_t *p, size_t ws, __m512i t[4]) {
@@ -628,6 +629,18 @@ KV_INL void tile8_r16(int WT, int64_t nb, const uint8_t *W, size_t ws, const uin
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++)
                 wt[k] = _mm512_and_si512(q[k], m4), wt[4 + k] = _mm512_and_si512(_mm512_srli_epi16(q[k], 4), m4);
+            if (W32_5BIT(WT)) { /* element e's fifth bit: bit e of the row's qh word */
+                const __m512i qh = _mm512_i32gather_epi32(roff, wb + W32_QH(WT), 1);
+#pragma GCC unroll 8
+                for (int g = 0; g < 8; g++) {
+                    /* byte g / 2 of each lane's qh in all four of its bytes; byte j tests bit 4 (g % 2) + j */
+                    const __m512i ctl = _mm512_add_epi8(_mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0),
+                                                        _mm512_set1_epi8((char)(g / 2)));
+                    const __m512i bit = _mm512_set1_epi32(g % 2 ? (int)0x80402010 : 0x08040201);
+                    const __mmask64 k = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, ctl), bit);
+                    wt[g] = _mm512_mask_add_epi8(wt[g], k, wt[g], _mm512_set1_epi8(0x10));
+                }
+            }
         }
         const uint8_t *xb = xi + b * 256;
         __m512i isum[8];
