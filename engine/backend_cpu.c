@@ -1341,6 +1341,20 @@ static void att_segment(const att_job *J, const att_rows *A, int g, int k0, int 
     const kv_attn_params *ap = J->ap;
     for (int r = 0; r < A->R; r++) A->m[r] = -INFINITY, A->l[r] = 0.0f;
     memset(A->acc, 0, sizeof(float) * (size_t)A->R * A->hdv);
+#ifdef KV_X86
+    /* the segment's K and V rows, page by page, into L2: pages are not
+     * contiguous, so the kernels' prefetch (ATT_PF keys ahead in a span)
+     * does not reach the next ones, and a decode task is over before the
+     * hardware prefetchers find them */
+    for (int p = k0; p <= k1;) {
+        int n;
+        const uint8_t *K = kv_kv_span(J->kv, ap->layer, g, p, &n, false), *V = kv_kv_span(J->kv, ap->layer, g, p, NULL, true);
+        if (n > k1 - p + 1) n = k1 - p + 1;
+        for (size_t o = 0; o < (size_t)n * A->kr; o += 64) _mm_prefetch((const char *)K + o, _MM_HINT_T1);
+        for (size_t o = 0; o < (size_t)n * A->vr; o += 64) _mm_prefetch((const char *)V + o, _MM_HINT_T1);
+        p += n;
+    }
+#endif
     for (int p0 = k0; p0 <= k1;) {
         const int cend = (p0 / ATT_CHUNK + 1) * ATT_CHUNK - 1; /* chunk ends at a multiple of 64 */
         const int n = (cend < k1 ? cend : k1) - p0 + 1;
