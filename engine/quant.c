@@ -976,34 +976,22 @@ typedef struct {
     atomic_long next;
 } mm_job;
 
-/* Token t's slots of its 8-token group in the interleaved layout: its
- * quants' 4-byte groups (q: the quants of block b), d, d * sum and sum. */
-static inline void mm_slot(const mm_job *j, int64_t t, int64_t b, const int8_t *q, float d, float ds, int32_t sum) {
-    int64_t nb = j->K / 32, G = t / 8;
-    int k = (int)(t % 8);
-    uint8_t *dst = j->xi + (G * nb + b) * 256 + 4 * k;
-    float *f = j->xs8 + (G * nb + b) * KV_X8F;
-    for (int g = 0; g < 8; g++) memcpy(dst + 32 * g, q + 4 * g, 4);
-    f[k] = d, f[8 + k] = ds;
-    memcpy(&f[16 + k], &sum, 4);
-}
-
-/* Blocks [b0, b1) (of the dot type) of every token: quantized, with their
- * side table entries and, for tokens below t8, interleaved slots (zeros
- * for the last group's padding). Threads split the blocks, so each writes
- * its own cache lines of the interleaved layout (a split by tokens would
- * have them share every line). */
+/* Blocks [b0, b1) (of the dot type) of every token: the tile8 tokens
+ * (below t8) straight into the interleaved layout, the others quantized
+ * as rows with their side table entries. Threads split the blocks, so
+ * each writes its own cache lines of the interleaved layout (a split by
+ * tokens would have them share every line). */
 static void mm_quant_blocks(mm_job *j, int64_t b0, int64_t b1) {
     if (b0 >= b1) return;
     kv_quant_fn qf = j->k->quant[j->vt];
     const int64_t blk = kv_type_traits_get(j->vt)->blck, nb = j->K / 32;
     const size_t bsz = kv_row_size(j->vt, blk);
-    if (j->xi) { /* the other thread read these lines last: ask for them all at once */
-        for (int64_t G = 0; G < (j->t8 + 7) / 8; G++)
-            for (const uint8_t *p = j->xi + (G * nb + b0) * 256, *e = j->xi + (G * nb + b1) * 256; p < e; p += 64)
-                __builtin_prefetch(p, 1, 3);
-    }
-    for (int64_t t = 0; t < j->T; t++) {
+    int64_t t = 0;
+    if (j->xi) /* 8-token groups, the last one padded with zeros */
+        for (; t < j->t8; t += 8)
+            j->k->quant_x8(j->x + t * j->K, j->K, (int)(j->t8 - t < 8 ? j->t8 - t : 8), b0, b1,
+                           j->xi + t / 8 * nb * 256, j->xs8 + t / 8 * nb * KV_X8F);
+    for (t = j->t8; t < j->T; t++) {
         uint8_t *row = j->X + t * j->xs;
         qf(j->x + t * j->K + b0 * blk, row + b0 * bsz, (b1 - b0) * blk);
         if (!j->xf) continue; /* 32-element blocks from here (Q8_0 / Q8_1) */
@@ -1015,15 +1003,11 @@ static void mm_quant_blocks(mm_job *j, int64_t b0, int64_t b1) {
             const int8_t *qs = (const int8_t *)(bp + qoff);
             int32_t sum = 0;
             for (int i = 0; i < 32; i++) sum += qs[i];
-            float d = kv_f16_to_f32(dh), ds = d * (float)sum;
+            float d = kv_f16_to_f32(dh);
             j->xf[KV_XF(t, b, nb)] = d;
-            j->xf[KV_XF(t, b, nb) + 4] = ds;
-            if (j->xi && t < j->t8) mm_slot(j, t, b, qs, d, ds, sum);
+            j->xf[KV_XF(t, b, nb) + 4] = d * (float)sum;
         }
     }
-    if (j->xi)
-        for (int64_t t = j->t8; t < (j->t8 + 7) / 8 * 8; t++)
-            for (int64_t b = b0; b < b1; b++) mm_slot(j, t, b, (const int8_t[32]){0}, 0.0f, 0.0f, 0);
 }
 
 static void mm_quant_task(void *arg, int ith, int nth) {
@@ -1095,7 +1079,7 @@ static void matmul_parts(kv_pool *pool, int vt, mm_part *parts, int nparts, int6
          * group (padded) unless a token or two alone are cheaper */
         j.t8 = T % 8 >= TILE8_MIN_TAIL ? T : T / 8 * 8;
         bool tile8 = j.t8 > 0 && inter_bytes(vt, K, T) > 0;
-        for (int i = 0; i < nparts; i++) tile8 = tile8 && k->tile8[parts[i].wtype];
+        for (int i = 0; i < nparts; i++) tile8 = tile8 && k->tile8[parts[i].wtype] && k->quant_x8;
         if (tile8) {
             j.xi = q;
             j.xs8 = (float *)(q + al64(inter_bytes(vt, K, T)));

@@ -1175,6 +1175,57 @@ static KV_AVX2 void quant_q8_1(const float *x, void *dst, int64_t n) {
     }
 }
 
+/* out[g] = dword g of each of v[0..7] (an 8 x 8 transpose of dwords). */
+KV_INL void transpose8x8_epi32(__m256i v[8]) {
+    __m256i a[8], b[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        a[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]), a[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            b[4 * i + 2 * h] = _mm256_unpacklo_epi64(a[4 * i + h], a[4 * i + 2 + h]);
+            b[4 * i + 2 * h + 1] = _mm256_unpackhi_epi64(a[4 * i + h], a[4 * i + 2 + h]);
+        }
+    /* b[k] (k < 4): dwords k, 4 + k of rows 0-3; b[4 + k]: of rows 4-7 */
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x20);
+        v[4 + k] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x31);
+    }
+}
+
+static KV_AVX2 void quant_x8(const float *x, int64_t ldx, int nt, int64_t b0, int64_t b1, uint8_t *xi, float *xs8) {
+    for (int64_t b = b0; b < b1; b++) {
+        __m256i q[8];
+        _Alignas(32) float d8[8], s8[8];
+        _Alignas(32) int32_t n8[8];
+        for (int t = 0; t < 8; t++) {
+            if (t >= nt) {
+                q[t] = _mm256_setzero_si256(), d8[t] = s8[t] = 0.0f, n8[t] = 0;
+                continue;
+            }
+            const float *xb = x + t * ldx + 32 * b;
+            float amax = amax32(xb);
+            float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+            q[t] = q8_block(xb, id);
+            __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q[t]);
+            n8[t] = hsum_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+            d8[t] = _cvtsh_ss(_cvtss_sh(d, 0)); /* the scale as stored (f16) */
+            s8[t] = d8[t] * (float)n8[t];
+        }
+        transpose8x8_epi32(q);
+        uint8_t *dst = xi + b * 256;
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)(dst + 32 * g), q[g]);
+        float *f = xs8 + b * KV_X8F;
+        _mm256_storeu_ps(f, _mm256_load_ps(d8));
+        _mm256_storeu_ps(f + 8, _mm256_load_ps(s8));
+        _mm256_storeu_si256((__m256i *)(f + 16), _mm256_load_si256((const __m256i *)n8));
+    }
+}
+
 static KV_AVX2 void quant_q8_k(const float *x, void *dst, int64_t n) {
     kv_block_q8_k *b = dst;
     for (int64_t i = 0; i < n / 256; i++, x += 256) {
@@ -1283,6 +1334,7 @@ int KV_KERNELS_INSTALL(kv_kernels *k) {
     k->f32_to_f16_row = f32_to_f16_row;
     k->quant[KV_TYPE_Q8_0] = quant_q8_0;
     k->quant[KV_TYPE_Q8_1] = quant_q8_1;
+    k->quant_x8 = quant_x8;
     k->quant[KV_TYPE_Q8_K] = quant_q8_k;
     k->tile_rows = 8;
     k->tile_toks = 4;

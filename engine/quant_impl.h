@@ -102,6 +102,10 @@ typedef struct {
     kv_tile_fn tile[64]; /* by weight type */
     kv_tile8_fn tile8[64]; /* by weight type, NULL if none */
     kv_quant_fn quant[64]; /* by activation type */
+    /* Blocks [b0, b1) of an 8-token group straight into the interleaved
+     * layout (xi, xs8 at the group's start): tokens t < nt from x + t * ldx,
+     * quantized as Q8_0 / Q8_1 quantize them; the others zeros. NULL: none. */
+    void (*quant_x8)(const float *x, int64_t ldx, int nt, int64_t b0, int64_t b1, uint8_t *xi, float *xs8);
     int tile_rows, tile_toks; /* preferred tile shape (rows x tokens) */
     void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
