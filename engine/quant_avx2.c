@@ -888,6 +888,10 @@ KV_INL int k_minsum(__m128i mins, const int16_t *bsums) {
     return _mm_cvtsi128_si32(p);
 }
 
+/* Tokens a K-quant tile takes at once: 8 with AVX-512's 32 vector
+ * registers (a batched decode step), 4 with AVX2's 16. */
+#define K_NT_MAX (KV_VNNI ? 8 : 4)
+
 /* One Q4_K/Q5_K super-block against NT Q8_K rows; Q5 when QH != NULL. */
 KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, __m256i sc,
                       const kv_block_q8_k *const *xb, __m256i *isum) {
@@ -905,7 +909,7 @@ KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, __m256i sc,
         }
         __m256i s0 = bcast16(sc, 2 * j);
         __m256i s1 = bcast16(sc, 2 * j + 1);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             __m256i y0 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j));
             __m256i y1 = _mm256_loadu_si256((const __m256i *)(xb[t]->qs + 64 * j + 32));
@@ -923,9 +927,9 @@ KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, __m256i sc,
 
 KV_INL void tile_k45(int Q5, int NT, int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs,
                      float *y, int64_t ldy) {
-    __m256 acc[4];
-    float macc[4];
-#pragma GCC unroll 4
+    __m256 acc[K_NT_MAX];
+    float macc[K_NT_MAX];
+#pragma GCC unroll 8
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps(), macc[t] = 0;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs, *qh = NULL, *scales;
@@ -941,15 +945,15 @@ KV_INL void tile_k45(int Q5, int NT, int64_t nb, const uint8_t *W, const uint8_t
         }
         __m256i sc;
         __m128i mins = k4_scales(scales, &sc);
-        const kv_block_q8_k *xb[4];
-        __m256i isum[8];
-#pragma GCC unroll 4
+        const kv_block_q8_k *xb[K_NT_MAX];
+        __m256i isum[2 * K_NT_MAX];
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             xb[t] = (const kv_block_q8_k *)(X + t * xs) + b;
             isum[t] = isum[NT + t] = _mm256_setzero_si256();
         }
         k45_block(NT, qs, qh, sc, xb, isum);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             float dx = xb[t]->d;
             if (KV_VNNI) isum[t] = _mm256_add_epi32(isum[t], isum[NT + t]);
@@ -957,25 +961,25 @@ KV_INL void tile_k45(int Q5, int NT, int64_t nb, const uint8_t *W, const uint8_t
             macc[t] = fmaf(dmin * dx, (float)k_minsum(mins, xb[t]->bsums), macc[t]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < NT; t++) y[t * ldy] = hsum_ps(acc[t]) - macc[t];
 }
 
 /* Q6_K: q = (4 low bits | 2 high bits << 4) in 0..63, minus 32 via bsums. */
 KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs, float *y,
                      int64_t ldy) {
-    __m256 acc[4];
-#pragma GCC unroll 4
+    __m256 acc[K_NT_MAX];
+#pragma GCC unroll 8
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < nb; b++) {
         const kv_block_q6_k *w = (const kv_block_q6_k *)W + b;
         if (NT == 1) prefetch_lines((const uint8_t *)w + GEMV_PF_BYTES, sizeof *w);
-        const kv_block_q8_k *xb[4];
-        __m256i isum[8];
+        const kv_block_q8_k *xb[K_NT_MAX];
+        __m256i isum[2 * K_NT_MAX];
         __m128i sc8 = _mm_loadu_si128((const __m128i *)w->scales);
         __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* 16 scales as int16 */
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             xb[t] = (const kv_block_q8_k *)(X + t * xs) + b;
             /* -32 * sum_j sc_j * bsums_j */
@@ -1007,7 +1011,7 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
                 __m128i c = _mm_set1_epi16((short)w->scales[i0 + 1]);
                 sc[k] = _mm256_set_m128i(c, a);
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const int8_t *yq = xb[t]->qs + 128 * h;
 #pragma GCC unroll 4
@@ -1024,19 +1028,21 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
             }
         }
         float d = h2f(w->d);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             isum[t] = _mm256_add_epi32(isum[t], isum[NT + t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * xb[t]->d), acc[t]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < NT; t++) y[t * ldy] = hsum_ps(acc[t]);
 }
 
-#define TILEK_FNS(NAME, CALL4, CALL1)                                                              \
+#define TILEK_FNS(NAME, CALL8, CALL4, CALL1)                                                              \
     static KV_AVX2 void NAME##_4(int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs,        \
                                  float *y, int64_t ldy) { CALL4; }                                  \
+    static KV_AVX2 void NAME##_8(int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs,        \
+                                 float *y, int64_t ldy) { CALL8; }                                  \
     static KV_AVX2 void NAME##_1(int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs,        \
                                  float *y, int64_t ldy) { CALL1; }                                  \
     static KV_AVX2 void NAME(int64_t K, const uint8_t *W, size_t ws, int nr, const uint8_t *X,     \
@@ -1044,6 +1050,9 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
                              int64_t t0) {                                                          \
         int64_t nb = K / 256;                                                                       \
         int t = 0;                                                                                  \
+        if (K_NT_MAX == 8)                                                                          \
+            for (; t + 8 <= nt; t += 8)                                                             \
+                for (int r = 0; r < nr; r++) NAME##_8(nb, W + r * ws, X + t * xs, xs, y + t * ldy + r, ldy); \
         for (; t + 4 <= nt; t += 4)                                                                 \
             for (int r = 0; r < nr; r++) NAME##_4(nb, W + r * ws, X + t * xs, xs, y + t * ldy + r, ldy); \
         for (; t < nt; t++)                                                                         \
@@ -1053,9 +1062,12 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
         NAME##_1(n / 256, w, x, 0, s, 0);                                                           \
     }
 
-TILEK_FNS(tile_q4_k, tile_k45(0, 4, nb, W, X, xs, y, ldy), tile_k45(0, 1, nb, W, X, xs, y, ldy))
-TILEK_FNS(tile_q5_k, tile_k45(1, 4, nb, W, X, xs, y, ldy), tile_k45(1, 1, nb, W, X, xs, y, ldy))
-TILEK_FNS(tile_q6_k, tile_q6k(4, nb, W, X, xs, y, ldy), tile_q6k(1, nb, W, X, xs, y, ldy))
+TILEK_FNS(tile_q4_k, tile_k45(0, K_NT_MAX, nb, W, X, xs, y, ldy), tile_k45(0, 4, nb, W, X, xs, y, ldy),
+          tile_k45(0, 1, nb, W, X, xs, y, ldy))
+TILEK_FNS(tile_q5_k, tile_k45(1, K_NT_MAX, nb, W, X, xs, y, ldy), tile_k45(1, 4, nb, W, X, xs, y, ldy),
+          tile_k45(1, 1, nb, W, X, xs, y, ldy))
+TILEK_FNS(tile_q6_k, tile_q6k(K_NT_MAX, nb, W, X, xs, y, ldy), tile_q6k(4, nb, W, X, xs, y, ldy),
+          tile_q6k(1, nb, W, X, xs, y, ldy))
 
 /* =========================================================================
  * float weights x F32 activations
