@@ -252,7 +252,8 @@ void l_obj_finalize(l_obj *o) {
 
 /* ==== Model ================================================================ */
 
-#define L_MODEL_GUARD 3 /* user values: 1 info, 2 vocab, 3 guard */
+#define L_MODEL_GUARD 3 /* user values: 1 info, 2 vocab, 3 guard, 4 decode_batch's logits buffer */
+#define L_MODEL_BATCH_OUT 4
 
 typedef struct {
     l_obj o;
@@ -319,7 +320,7 @@ static int l_load(lua_State *L) {
                    (LUAI_UACINT)threads, KV_MAX_THREADS);
     if (device < 0 || device > 1024) luaL_error(L, "option 'device' out of range: %I", (LUAI_UACINT)device);
 
-    l_model *lm = lua_newuserdatauv(L, sizeof *lm, 3); /* born closed */
+    l_model *lm = lua_newuserdatauv(L, sizeof *lm, 4); /* born closed */
     memset(lm, 0, sizeof *lm);
     lm->o.closed = 1;
     lm->o.release = l_model_release;
@@ -1190,9 +1191,25 @@ static int l_decode_batch(lua_State *L) {
         ids[i - 1] = (int32_t)id;
     }
     if ((size_t)n_vocab > SIZE_MAX / sizeof(float) / (size_t)n) luaL_error(L, "decode_batch: too many logits");
+    const size_t out_bytes = (size_t)n * (size_t)n_vocab * sizeof(float);
     lua_createtable(L, (int)n, 0);
     const int out_t = lua_gettop(L);
-    float *out = lua_newuserdatauv(L, (size_t)n * (size_t)n_vocab * sizeof(float), 0);
+    /* the logits of every session before they are copied out: the model
+     * keeps the buffer between calls (fresh memory every step would cost a
+     * page fault per 4 KiB), taken off it for the call so that a call from
+     * a finalizer meanwhile makes its own */
+    lua_getiuservalue(L, base + 1, 1); /* the first session's model */
+    const int model_i = lua_gettop(L);
+    float *out = NULL;
+    if (lua_getiuservalue(L, model_i, L_MODEL_BATCH_OUT) == LUA_TUSERDATA && lua_rawlen(L, -1) >= out_bytes) {
+        out = lua_touserdata(L, -1);
+        lua_pushnil(L);
+        lua_setiuservalue(L, model_i, L_MODEL_BATCH_OUT);
+    } else {
+        lua_pop(L, 1);
+        out = lua_newuserdatauv(L, out_bytes, 0);
+    }
+    const int buf_i = lua_gettop(L);
     kv_error e = {{0}};
     if (kv_model_check_file(lss[0]->lm->m, &e) != KV_OK) return l_fail(L, e.msg);
     for (lua_Integer i = 0; i < n; i++) l_cache_before_eval(L, lss[i]->lc);
@@ -1209,6 +1226,8 @@ static int l_decode_batch(lua_State *L) {
         lua_rawseti(L, out_t, i);
         l_session_count(lss[i - 1], 1, dt, 1);
     }
+    lua_pushvalue(L, buf_i); /* back to the model for the next call */
+    lua_setiuservalue(L, model_i, L_MODEL_BATCH_OUT);
     lua_pushvalue(L, out_t);
     return 1;
 }

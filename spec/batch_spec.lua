@@ -47,6 +47,44 @@ describe("kvlua.decode_batch", function()
     check_model(m, 6)
   end)
 
+  it("batches of changing sizes (the model reuses its logits buffer), and a batch from a finalizer midway", function()
+    local ss, ids = {}, {}
+    for i = 1, 5 do
+      ss[i] = assert(m:session { ctx = 64 })
+      ids[i] = assert(ss[i]:prefill(prompt(i, m.info.n_vocab))):argmax()
+    end
+    for _, n in ipairs { 5, 2, 4, 1, 5 } do
+      local group, feed, single = {}, {}, {}
+      for i = 1, n do group[i], feed[i] = ss[i], ids[i] end
+      for i = 1, n do single[i] = assert(ss[i]:fork():decode(feed[i])) end
+      local out = assert(kvlua.decode_batch(group, feed))
+      assert.equals(n, #out)
+      for i = 1, n do
+        assert.is_true(same(single[i], out[i]), "batch of " .. n .. ", session " .. i)
+        ids[i] = out[i]:argmax()
+      end
+    end
+    -- objects whose finalizers decode a batch of their own, collected while
+    -- decode_batch allocates its Logits: each call keeps its own logits
+    local side = { assert(m:session { ctx = 64 }), assert(m:session { ctx = 64 }) }
+    local side_ok = 0
+    for _ = 1, 50 do
+      setmetatable({}, { __gc = function()
+        local r = kvlua.decode_batch(side, { 7, 8 })
+        if r and #r == 2 then side_ok = side_ok + 1 end
+        for _, s in ipairs(side) do s:rewind(1) end
+      end })
+    end
+    local feed, single = {}, {}
+    for i = 1, 5 do feed[i] = ids[i] end
+    for i = 1, 5 do single[i] = assert(ss[i]:fork():decode(feed[i])) end
+    collectgarbage("step", 0)
+    local out = assert(kvlua.decode_batch(ss, feed))
+    collectgarbage()
+    for i = 1, 5 do assert.is_true(same(single[i], out[i]), "session " .. i .. " with finalizers") end
+    assert.equals(50, side_ok)
+  end)
+
   it("misuse raises: not a session, a session twice, ids that do not match, another model", function()
     local a, b = assert(m:session { ctx = 16 }), assert(m:session { ctx = 16 })
     local other = assert(kvlua.load(tiny.llama { seed = 32 }, { threads = 1 }))
