@@ -1232,10 +1232,17 @@ static int l_decode_batch(lua_State *L) {
     return 1;
 }
 
+/* kvlua.clock() --> seconds of a monotonic clock (the one stats() times with) */
+static int l_clock(lua_State *L) {
+    lua_pushnumber(L, l_now());
+    return 1;
+}
+
 static const luaL_Reg l_funcs[] = {
     {"load", l_load},
     {"cache", l_cache_new},
     {"decode_batch", l_decode_batch},
+    {"clock", l_clock},
     {"restore", l_restore},
     {"devices", l_devices},
     {"logits", l_logits_new},

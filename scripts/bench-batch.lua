@@ -8,7 +8,8 @@
 --    per session) decode --steps tokens in one forward pass a step; one
 --    session decodes alone. The two take turns step by step, so both see
 --    the same machine: compare them as a ratio. tok/s = tokens / engine
---    seconds (s:stats().itl: the monotonic time of each forward pass).
+--    seconds (s:stats().itl: the monotonic time of each forward pass); the
+--    wall speedup times the whole calls (kvlua.clock), Logits objects too.
 -- 2. The scheduler. --requests requests, every fourth a --long prompt, the
 --    others --short ones, each generating a different number of tokens
 --    (--max-tokens at most, EOG ignored) with --batch sessions at once: once
@@ -102,20 +103,24 @@ local function compare(bases, n)
   for i = 1, n do group[i] = must(bases[i]:fork()) end
   local alone = must(bases[1]:fork())
   local next_ids = ids(steps * (n + 1), 1000 + n)
-  local t_alone, t_batch = 0, 0
+  local t_alone, t_batch, w_alone, w_batch = 0, 0, 0, 0
   for k = 1, steps do
     local base = (k - 1) * (n + 1)
+    local w0 = kvlua.clock()
     must(alone:decode(next_ids[base + 1]))
-    t_alone = t_alone + last_itl(alone)
+    local w1 = kvlua.clock()
+    t_alone, w_alone = t_alone + last_itl(alone), w_alone + (w1 - w0)
     for i = 1, n do feed[i] = next_ids[base + 1 + i] end
+    w0 = kvlua.clock()
     must(kvlua.decode_batch(group, feed))
-    t_batch = t_batch + last_itl(group[1])
+    w1 = kvlua.clock()
+    t_batch, w_batch = t_batch + last_itl(group[1]), w_batch + (w1 - w0)
   end
   alone:close()
   for _, s in ipairs(group) do s:close() end
   local alone_tps, batch_tps = steps / t_alone, n * steps / t_batch
   return { n = n, alone_tps = alone_tps, batch_tps = batch_tps, speedup = batch_tps / alone_tps,
-    step_ms = t_batch / steps * 1e3 }
+    step_ms = t_batch / steps * 1e3, wall_speedup = (n * steps / w_batch) / (steps / w_alone) }
 end
 
 local widest = 0
@@ -181,10 +186,13 @@ end
 
 print(string.format("%s, %d threads; engine time, ratios within this run\n", result.model, result.threads))
 print(string.format("batched decode: %d steps after %d-token prompts", steps, depth))
-print(string.format("%4s  %12s  %12s  %8s  %9s", "N", "alone tok/s", "batch tok/s", "speedup", "step ms"))
+print(string.format("%4s  %12s  %12s  %8s  %9s  %13s", "N", "alone tok/s", "batch tok/s", "speedup", "step ms",
+  "wall speedup"))
 for _, r in ipairs(rows) do
-  print(string.format("%4d  %12.1f  %12.1f  %7.2fx  %9.1f", r.n, r.alone_tps, r.batch_tps, r.speedup, r.step_ms))
+  print(string.format("%4d  %12.1f  %12.1f  %7.2fx  %9.1f  %12.2fx", r.n, r.alone_tps, r.batch_tps, r.speedup,
+    r.step_ms, r.wall_speedup))
 end
+print("(wall: the calls' whole time, with the Logits objects the binding makes)")
 print(string.format("\nscheduler: %d requests (every 4th %d tokens, the others %d), batch %d, up to %d tokens each",
   n_requests, long, short, batch, max_tokens))
 print(string.format("%-14s  %9s %9s %9s %9s  %8s %8s %8s %8s  %7s", "prefill chunk", "TTFT p50", "p90",
