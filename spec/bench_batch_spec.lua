@@ -22,6 +22,7 @@ describe("scripts/bench-batch.lua", function()
       assert.is_true(S.finite(row.alone_tps) and row.alone_tps > 0)
       assert.is_true(S.finite(row.batch_tps) and row.batch_tps > 0)
       assert.near(row.batch_tps / row.alone_tps, row.speedup, 1e-9)
+      assert.is_true(S.finite(row.wall_speedup) and row.wall_speedup > 0)
     end
     assert.same({ 0, 8 }, { j.scheduler.runs[1].prefill_chunk, j.scheduler.runs[2].prefill_chunk })
     for _, run in ipairs(j.scheduler.runs) do
