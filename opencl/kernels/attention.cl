@@ -27,7 +27,7 @@
 
 /* the K (or V) rows of keys k0 .. k0 + n - 1 of head g as floats,
  * tile(n, hd): one row per item in turn, 16 values at a time */
-inline void load_tile(local float *tile, const global uchar *buf, KV_PAGE_PARAMS, int type,
+KV_INL void load_tile(local float *tile, const global uchar *buf, KV_PAGE_PARAMS, int type,
                       int row_bytes, int g, int k0, int n, int hd) {
     const int lid = get_local_id(0), R = get_local_size(0);
     for (int j = lid; j < n; j += R) {

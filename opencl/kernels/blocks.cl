@@ -24,6 +24,10 @@
  */
 #pragma OPENCL FP_CONTRACT OFF
 
+/* every helper inlined: a CPU driver that calls one per block instead
+ * (large kernels pass its limits) runs the GEMVs several times slower */
+#define KV_INL inline __attribute__((always_inline))
+
 /* ggml type ids (engine/types.h) */
 #define TYPE_F32 0
 #define TYPE_F16 1
@@ -37,55 +41,70 @@
 #define TYPE_Q6_K 14
 #define TYPE_BF16 30
 
-/* the f16 value at byte offset o of p (o even) */
-inline float f16_at(const global uchar *p, int o) { return vload_half(0, (const global half *)(p + o)); }
+/* the f16 bits h as a float, exactly (infinities and NaNs too): a few
+ * integer operations, where a CPU driver's vload_half is a library call
+ * (two of them a block held a Q4_1 GEMV to a fifth of the bandwidth) */
+KV_INL float f16_bits(uint h) {
+    const uint em = h & 0x7fffu;
+    float f;
+    if (em < 0x400u) /* zero or subnormal: em 2^-24 (no float subnormal on the way) */
+        f = (float)em * 0x1p-24f;
+    else if (em >= 0x7c00u) /* infinity or NaN */
+        f = as_float(0x7f800000u | ((em & 0x3ffu) << 13));
+    else /* exponent rebiased from 15 to 127 */
+        f = as_float((em << 13) + 0x38000000u);
+    return as_float(as_uint(f) | ((h & 0x8000u) << 16));
+}
+
+/* the f16 value at byte offset o of p */
+KV_INL float f16_at(const global uchar *p, int o) { return f16_bits((uint)p[o] | ((uint)p[o + 1] << 8)); }
 
 /* x rounded to the nearest f16 (ties to even) and back (the bits live in a
  * ushort: without cl_khr_fp16 a half variable may not be declared) */
-inline float round_f16(float x) {
+KV_INL float round_f16(float x) {
     ushort h;
     vstore_half_rte(x, 0, (private half *)&h);
     return vload_half(0, (const private half *)&h);
 }
 
 /* the same for 16 values */
-inline float16 round_f16x16(float16 x) {
+KV_INL float16 round_f16x16(float16 x) {
     ushort16 h;
     vstore_half16_rte(x, 0, (private half *)&h);
     return vload_half16(0, (const private half *)&h);
 }
 
 /* 16 unsigned nibbles (low or high) as ints */
-inline int16 nib_lo(uchar16 q) { return convert_int16(q & (uchar16)0xF); }
-inline int16 nib_hi(uchar16 q) { return convert_int16(q >> (uchar16)4); }
+KV_INL int16 nib_lo(uchar16 q) { return convert_int16(q & (uchar16)0xF); }
+KV_INL int16 nib_hi(uchar16 q) { return convert_int16(q >> (uchar16)4); }
 
 /* bits [s, s + 16) of h, each as 0 or 16 */
-inline int16 bits16(uint h, uint s) {
+KV_INL int16 bits16(uint h, uint s) {
     const uint16 lane = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     return convert_int16(((uint16)h >> (lane + s)) & 1u) << 4;
 }
 
 /* ---- the 32-element formats (one block per sub-block) ---- */
 
+/* Each format twice: deq32s_* with the block's scale d and min (or
+ * nothing) m already decoded, and deq32_* reading them from the block. */
+
 /* Q4_0 (18 bytes): d, 16 bytes of nibbles; y = d * (q - 8) */
-inline void deq32_q4_0(const global uchar *b, float16 *lo, float16 *hi) {
-    const float d = f16_at(b, 0);
+KV_INL void deq32s_q4_0(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
     const uchar16 q = vload16(0, b + 2);
     *lo = d * convert_float16(nib_lo(q) - 8);
     *hi = d * convert_float16(nib_hi(q) - 8);
 }
 
 /* Q4_1 (20 bytes): d, m, nibbles; y = d * q + m */
-inline void deq32_q4_1(const global uchar *b, float16 *lo, float16 *hi) {
-    const float d = f16_at(b, 0), m = f16_at(b, 2);
+KV_INL void deq32s_q4_1(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
     const uchar16 q = vload16(0, b + 4);
     *lo = d * convert_float16(nib_lo(q)) + m;
     *hi = d * convert_float16(nib_hi(q)) + m;
 }
 
 /* Q5_0 (22 bytes): d, 32 high bits, nibbles; y = d * (q - 16) */
-inline void deq32_q5_0(const global uchar *b, float16 *lo, float16 *hi) {
-    const float d = f16_at(b, 0);
+KV_INL void deq32s_q5_0(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
     const uint qh = as_uint(vload4(0, b + 2));
     const uchar16 q = vload16(0, b + 6);
     *lo = d * convert_float16((nib_lo(q) | bits16(qh, 0)) - 16);
@@ -93,8 +112,7 @@ inline void deq32_q5_0(const global uchar *b, float16 *lo, float16 *hi) {
 }
 
 /* Q5_1 (24 bytes): d, m, 32 high bits, nibbles; y = d * q + m */
-inline void deq32_q5_1(const global uchar *b, float16 *lo, float16 *hi) {
-    const float d = f16_at(b, 0), m = f16_at(b, 2);
+KV_INL void deq32s_q5_1(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
     const uint qh = as_uint(vload4(0, b + 4));
     const uchar16 q = vload16(0, b + 8);
     *lo = d * convert_float16(nib_lo(q) | bits16(qh, 0)) + m;
@@ -102,16 +120,61 @@ inline void deq32_q5_1(const global uchar *b, float16 *lo, float16 *hi) {
 }
 
 /* Q8_0 (34 bytes): d, 32 int8; y = q * d */
-inline void deq32_q8_0(const global uchar *b, float16 *lo, float16 *hi) {
-    const float d = f16_at(b, 0);
+KV_INL void deq32s_q8_0(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
     *lo = convert_float16(as_char16(vload16(0, b + 2))) * d;
     *hi = convert_float16(as_char16(vload16(0, b + 18))) * d;
+}
+
+/* bytes of a block, whether it has a min after d (32-element formats) */
+KV_INL int bytes32(const int type) {
+    return type == TYPE_Q4_0 ? 18 : type == TYPE_Q4_1 ? 20 : type == TYPE_Q5_0 ? 22 : type == TYPE_Q5_1 ? 24 : 34;
+}
+KV_INL bool has_min32(const int type) { return type == TYPE_Q4_1 || type == TYPE_Q5_1; }
+KV_INL bool quant32(const int type) {
+    return type == TYPE_Q4_0 || type == TYPE_Q4_1 || type == TYPE_Q5_0 || type == TYPE_Q5_1 || type == TYPE_Q8_0;
+}
+
+/* block b (at b) of a quantized 32-element format, scales given */
+KV_INL void deq32s(const int type, const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
+    switch (type) {
+    case TYPE_Q4_0: deq32s_q4_0(b, d, m, lo, hi); break;
+    case TYPE_Q4_1: deq32s_q4_1(b, d, m, lo, hi); break;
+    case TYPE_Q5_0: deq32s_q5_0(b, d, m, lo, hi); break;
+    case TYPE_Q5_1: deq32s_q5_1(b, d, m, lo, hi); break;
+    case TYPE_Q8_0: deq32s_q8_0(b, d, m, lo, hi); break;
+    }
+}
+
+KV_INL void deq32_q(const int type, const global uchar *b, float16 *lo, float16 *hi) {
+    deq32s(type, b, f16_at(b, 0), has_min32(type) ? f16_at(b, 2) : 0.0f, lo, hi);
+}
+
+/* f16_bits for 16 values at once */
+KV_INL float16 f16_bits16(uint16 h) {
+    const uint16 em = h & 0x7fffu;
+    const uint16 big = select((em << 13) + 0x38000000u, (em << 13) | 0x7f800000u, em >= 0x7c00u);
+    const float16 f = select(as_float16(big), convert_float16(em) * 0x1p-24f, em < 0x400u);
+    return as_float16(as_uint16(f) | ((h & 0x8000u) << 16));
+}
+
+/* the scales d[k] (and mins m[k]) of 16 consecutive blocks from b of a
+ * 32-element format, decoded as 16-lane vectors */
+KV_INL void scales16(const int type, const global uchar *b, float *d, float *m) {
+    const int bs = bytes32(type);
+    ushort hd[16], hm[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+        hd[k] = *(const global ushort *)(b + bs * k);
+        hm[k] = has_min32(type) ? *(const global ushort *)(b + bs * k + 2) : 0;
+    }
+    vstore16(f16_bits16(convert_uint16(vload16(0, hd))), 0, d);
+    if (has_min32(type)) vstore16(f16_bits16(convert_uint16(vload16(0, hm))), 0, m);
 }
 
 /* ---- K-quants: super-blocks of 256, sub-block j < 8 ---- */
 
 /* the 6-bit scale and min of sub-block j of a Q4_K / Q5_K scales[12] */
-inline void scale_min_k4(int j, const global uchar *s, float *sc, float *mn) {
+KV_INL void scale_min_k4(int j, const global uchar *s, float *sc, float *mn) {
     if (j < 4) {
         *sc = (float)(s[j] & 63);
         *mn = (float)(s[j + 4] & 63);
@@ -128,7 +191,7 @@ inline void scale_min_k4(int j, const global uchar *s, float *sc, float *mn) {
 
 /* sub-block j of either: qs at byte qs_off, h0 / h1 the fifth bits (times
  * 16) of its two halves (0 for Q4_K) */
-inline void deq32_k4(const global uchar *b, int j, int qs_off, int16 h0, int16 h1, float16 *lo, float16 *hi) {
+KV_INL void deq32_k4(const global uchar *b, int j, int qs_off, int16 h0, int16 h1, float16 *lo, float16 *hi) {
     float sc, mn;
     scale_min_k4(j, b + 4, &sc, &mn);
     const float d1 = f16_at(b, 0) * sc, m1 = f16_at(b, 2) * mn;
@@ -140,11 +203,11 @@ inline void deq32_k4(const global uchar *b, int j, int qs_off, int16 h0, int16 h
     *hi = d1 * convert_float16(c) - m1;
 }
 
-inline void deq32_q4_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
+KV_INL void deq32_q4_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
     deq32_k4(b, j, 16, (int16)0, (int16)0, lo, hi);
 }
 
-inline void deq32_q5_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
+KV_INL void deq32_q5_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
     const int16 h0 = convert_int16((vload16(0, b + 16) >> (uchar16)j) & (uchar16)1) << 4;
     const int16 h1 = convert_int16((vload16(0, b + 32) >> (uchar16)j) & (uchar16)1) << 4;
     deq32_k4(b, j, 48, h0, h1, lo, hi);
@@ -154,7 +217,7 @@ inline void deq32_q5_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
  * quarter g = j % 4 of half n = j / 4: low 4 bits from ql[64 n + 32 (g & 1)
  * + l] (low nibble for g < 2, high otherwise), 2 high bits (qh[32 n + l] >>
  * 2g), one scale per 16 elements; y = (d * sc) * (q - 32) */
-inline void deq32_q6_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
+KV_INL void deq32_q6_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
     const int n = j / 4, g = j % 4;
     const global uchar *ql = b + 64 * n + 32 * (g & 1), *qh = b + 128 + 32 * n;
     const global char *sc = (const global char *)(b + 192 + 8 * n + 2 * g);
@@ -172,7 +235,7 @@ inline void deq32_q6_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
 /* ---- whole K-quant super-blocks (scales decoded once, v[16] = 256 values) ---- */
 
 /* the 8 scales and 8 mins of a Q4_K / Q5_K super-block, times d and dmin */
-inline void k4_scales(const global uchar *b, float *d1, float *m1) {
+KV_INL void k4_scales(const global uchar *b, float *d1, float *m1) {
     const float d = f16_at(b, 0), dmin = f16_at(b, 2);
     const uchar4 s0 = vload4(0, b + 4), s1 = vload4(0, b + 8), s2 = vload4(0, b + 12);
     const uchar4 sc_lo = s0 & (uchar4)63, mn_lo = s1 & (uchar4)63;
@@ -187,7 +250,7 @@ inline void k4_scales(const global uchar *b, float *d1, float *m1) {
 /* Q4_K (qh NULL) or Q5_K: pair p of sub-blocks (2p, 2p + 1) = the low and
  * high nibbles of qs[32 p ..] (qs at byte qs_off), plus bits 2p and 2p + 1
  * of qh[l] for Q5_K */
-inline void deq256_k4(const global uchar *b, int qs_off, const global uchar *qh, float16 *v) {
+KV_INL void deq256_k4(const global uchar *b, int qs_off, const global uchar *qh, float16 *v) {
     float d1[8], m1[8];
     k4_scales(b, d1, m1);
     const uchar16 h0 = qh ? vload16(0, qh) : (uchar16)0, h1 = qh ? vload16(1, qh) : (uchar16)0;
@@ -207,7 +270,7 @@ inline void deq256_k4(const global uchar *b, int qs_off, const global uchar *qh,
 }
 
 /* Q6_K: half n, quarter g: values 128 n + 32 g + l (see deq32_q6_k) */
-inline void deq256_q6_k(const global uchar *b, float16 *v) {
+KV_INL void deq256_q6_k(const global uchar *b, float16 *v) {
     const float d = f16_at(b, 208);
     const global char *sc = (const global char *)(b + 192);
 #pragma unroll
@@ -230,7 +293,7 @@ inline void deq256_q6_k(const global uchar *b, float16 *v) {
 
 /* Sub-block sb of a row of type `type` (a constant in every kernel that
  * calls it, so the switch folds away). */
-inline void deq32(const int type, const global uchar *row, int sb, float16 *lo, float16 *hi) {
+KV_INL void deq32(const int type, const global uchar *row, int sb, float16 *lo, float16 *hi) {
     switch (type) {
     case TYPE_F32: {
         const global float *p = (const global float *)row + 32 * sb;
@@ -250,11 +313,11 @@ inline void deq32(const int type, const global uchar *row, int sb, float16 *lo, 
         *hi = as_float16(convert_uint16(vload16(1, p)) << 16);
         break;
     }
-    case TYPE_Q4_0: deq32_q4_0(row + 18 * sb, lo, hi); break;
-    case TYPE_Q4_1: deq32_q4_1(row + 20 * sb, lo, hi); break;
-    case TYPE_Q5_0: deq32_q5_0(row + 22 * sb, lo, hi); break;
-    case TYPE_Q5_1: deq32_q5_1(row + 24 * sb, lo, hi); break;
-    case TYPE_Q8_0: deq32_q8_0(row + 34 * sb, lo, hi); break;
+    case TYPE_Q4_0:
+    case TYPE_Q4_1:
+    case TYPE_Q5_0:
+    case TYPE_Q5_1:
+    case TYPE_Q8_0: deq32_q(type, row + bytes32(type) * sb, lo, hi); break;
     case TYPE_Q4_K: deq32_q4_k(row + 144 * (sb / 8), sb % 8, lo, hi); break;
     case TYPE_Q5_K: deq32_q5_k(row + 176 * (sb / 8), sb % 8, lo, hi); break;
     case TYPE_Q6_K: deq32_q6_k(row + 210 * (sb / 8), sb % 8, lo, hi); break;
@@ -263,13 +326,13 @@ inline void deq32(const int type, const global uchar *row, int sb, float16 *lo, 
 
 /* Elements per block as deq_block() decodes them: a K-quant super-block
  * (256), else 32 (one sub-block; float rows too). */
-inline int block_elems(const int type) {
+KV_INL int block_elems(const int type) {
     return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K ? 256 : 32;
 }
 
 /* Block b of a row into v[0 .. block_elems / 16): whole super-blocks for
  * the K-quants (their scales decoded once), sub-blocks otherwise. */
-inline void deq_block(const int type, const global uchar *row, int b, float16 *v) {
+KV_INL void deq_block(const int type, const global uchar *row, int b, float16 *v) {
     switch (type) {
     case TYPE_Q4_K: deq256_k4(row + 144 * b, 16, NULL, v); break;
     case TYPE_Q5_K: deq256_k4(row + 176 * b, 48, row + 176 * b + 16, v); break;
@@ -280,7 +343,7 @@ inline void deq_block(const int type, const global uchar *row, int b, float16 *v
 
 /* Element i of a float row (the tail past the last whole sub-block).
  * Quantized rows have no tail, so they never get here. */
-inline float deq1(const int type, const global uchar *row, int i) {
+KV_INL float deq1(const int type, const global uchar *row, int i) {
     switch (type) {
     case TYPE_F32: return ((const global float *)row)[i];
     case TYPE_F16: return vload_half(i, (const global half *)row);
@@ -290,7 +353,7 @@ inline float deq1(const int type, const global uchar *row, int i) {
 }
 
 /* sum of the 16 lanes */
-inline float hsum16(float16 v) {
+KV_INL float hsum16(float16 v) {
     float8 a = v.lo + v.hi;
     float4 b = a.lo + a.hi;
     float2 c = b.lo + b.hi;

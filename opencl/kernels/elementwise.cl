@@ -125,7 +125,7 @@ kernel void add_bias(global float *y, ulong yoff, int ldy, int rows, global cons
     if (r < rows) y[yoff + (ulong)t * ldy + r] += bias[r];
 }
 
-inline float gelu_tanh(float x) {
+KV_INL float gelu_tanh(float x) {
     const float k0 = 0.79788456080286535587989211986876f, k1 = 0.044715f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanh(k0 * x * (1.0f + k1 * x * x)));
 }

@@ -19,13 +19,13 @@
 #define KV_PAGE_ARGS tab, pt_log2, max_pages
 
 /* byte offset of the row of (head h, position pos) */
-inline ulong kv_row(KV_PAGE_PARAMS, int h, int pos, int row_bytes) {
+KV_INL ulong kv_row(KV_PAGE_PARAMS, int h, int pos, int row_bytes) {
     const int page = tab[pos >> pt_log2], t = pos & ((1 << pt_log2) - 1);
     return (((ulong)h * max_pages + page) * (1 << pt_log2) + t) * row_bytes;
 }
 
 /* values [i, i + 16) of a stored row (i % 16 == 0) */
-inline float16 kv_load16(int type, const global uchar *row, int i) {
+KV_INL float16 kv_load16(int type, const global uchar *row, int i) {
     if (type == TYPE_F16) return vload_half16(0, (const global half *)row + i);
     if (type == TYPE_Q8_0) {
         const global uchar *b = row + (i / 32) * 34;
@@ -42,7 +42,7 @@ inline float16 kv_load16(int type, const global uchar *row, int i) {
 
 /* one row of n floats into the type (Q8_0 as the engine's quantizer:
  * d = amax / 127 stored as f16, q = round(x / d) with the float d) */
-inline void kv_put(int type, global uchar *row, const global float *x, int n) {
+KV_INL void kv_put(int type, global uchar *row, const global float *x, int n) {
     if (type == TYPE_F16) {
         for (int i = 0; i < n; i += 16) vstore_half16_rte(vload16(0, x + i), 0, (global half *)row + i);
     } else if (type == TYPE_Q8_0) {

@@ -26,18 +26,46 @@
 #define MM_TOKENS 8   /* tokens per item of tiled_<type> */
 #define GEMV_GROUP 64 /* work-group size of gemv_wg_<type> */
 
-/* dot(row of W, x) over cols, 16 lanes: lane k sums the products of
- * elements k, k + 16, ... then the lanes are summed */
-inline float row_dot(const int type, const global uchar *w, const global float *x, int cols) {
+/* dot(row of W, x) over cols in four chains of fma (one chain waits on
+ * every fma's latency: a 20-byte Q4_1 block per 8 cycles): quantized
+ * 32-element blocks 16 at a time (their scales decoded as vectors: one
+ * at a time, the f16 conversions cost more than the products), the
+ * halves of even blocks into a0 a1 and of odd ones into a2 a3; the vectors
+ * of a K-quant super-block (and the last blocks) in turn. The chains are
+ * summed in a fixed order at the end, then their lanes. */
+KV_INL float row_dot(const int type, const global uchar *w, const global float *x, int cols) {
     const int be = block_elems(type), nb = cols / be;
-    float16 acc = 0.0f, v[16];
-    for (int b = 0; b < nb; b++) {
+    float16 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, v[16];
+    int b = 0;
+    if (quant32(type)) /* 16 blocks at a time, their scales decoded together */
+        for (; b + 16 <= nb; b += 16) {
+            float d[16], m[16];
+            const global uchar *wb = w + bytes32(type) * b;
+            scales16(type, wb, d, m);
+#pragma unroll
+            for (int k = 0; k < 16; k += 2) {
+                float16 lo, hi;
+                const global float *xb = x + 32 * (b + k);
+                deq32s(type, wb + bytes32(type) * k, d[k], has_min32(type) ? m[k] : 0.0f, &lo, &hi);
+                a0 = fma(lo, vload16(0, xb), a0);
+                a1 = fma(hi, vload16(1, xb), a1);
+                deq32s(type, wb + bytes32(type) * (k + 1), d[k + 1], has_min32(type) ? m[k + 1] : 0.0f, &lo, &hi);
+                a2 = fma(lo, vload16(2, xb), a2);
+                a3 = fma(hi, vload16(3, xb), a3);
+            }
+        }
+    for (; b < nb; b++) {
         deq_block(type, w, b, v);
 #pragma unroll
-        for (int k = 0; k < 16; k++) /* a constant trip count unrolls; be / 16 of them are live */
-            if (k < be / 16) acc = fma(v[k], vload16(0, x + be * b + 16 * k), acc);
+        for (int k = 0; k < 16; k += 4) { /* a constant trip count unrolls; be / 16 of them are live */
+            const global float *xb = x + be * b + 16 * k;
+            if (k < be / 16) a0 = fma(v[k], vload16(0, xb), a0);
+            if (k + 1 < be / 16) a1 = fma(v[k + 1], vload16(1, xb), a1);
+            if (k + 2 < be / 16) a2 = fma(v[k + 2], vload16(2, xb), a2);
+            if (k + 3 < be / 16) a3 = fma(v[k + 3], vload16(3, xb), a3);
+        }
     }
-    float s = hsum16(acc);
+    float s = hsum16((a0 + a1) + (a2 + a3));
     for (int i = be * nb; i < cols; i++) s = fma(deq1(type, w, i), x[i], s);
     return s;
 }
@@ -47,7 +75,7 @@ inline float row_dot(const int type, const global uchar *w, const global float *
         global float *y, ulong yoff, int ldy, global const float *bias, int row0
 
 /* item (r, t): y[t, row0 + r] = W[r] . x[t] (+ bias) */
-inline void gemv(const int type, GEMV_PARAMS) {
+KV_INL void gemv(const int type, GEMV_PARAMS) {
     const int r = get_global_id(0), t = get_global_id(1);
     if (r >= rows) return;
     float s = row_dot(type, W + r * row_bytes, x + xoff + (ulong)t * cols, cols);
@@ -57,7 +85,7 @@ inline void gemv(const int type, GEMV_PARAMS) {
 
 /* group (r, t), GEMV_GROUP items: the same product, sub-blocks dealt out
  * round robin, a fixed-order tree sum in part (the kernel's local array) */
-inline void gemv_wg(const int type, GEMV_PARAMS, local float *part) {
+KV_INL void gemv_wg(const int type, GEMV_PARAMS, local float *part) {
     const int r = get_group_id(0), t = get_group_id(1), lid = get_local_id(0);
     const global uchar *w = W + r * row_bytes;
     const global float *xt = x + xoff + (ulong)t * cols;
@@ -82,7 +110,7 @@ inline void gemv_wg(const int type, GEMV_PARAMS, local float *part) {
 
 /* item (r, tb): tokens 8 tb .. 8 tb + 7 (< T) of row r. Tokens past T
  * read token T - 1 and are not stored. */
-inline void tiled(const int type, GEMV_PARAMS, int T) {
+KV_INL void tiled(const int type, GEMV_PARAMS, int T) {
     const int r = get_global_id(0), t0 = get_global_id(1) * MM_TOKENS;
     if (r >= rows) return;
     const global uchar *w = W + r * row_bytes;
@@ -111,7 +139,7 @@ inline void tiled(const int type, GEMV_PARAMS, int T) {
  * tail of a float row). The source row is first + i, or with ids, ids[i] -
  * row0 when that falls in this part [row0, row0 + rows) (otherwise another
  * launch writes the row). out(n, cols) row stride ldo. */
-inline void deq(const int type, global const uchar *W, ulong row_bytes, int rows, int cols,
+KV_INL void deq(const int type, global const uchar *W, ulong row_bytes, int rows, int cols,
                 global const int *ids, int row0, int first, global float *out, ulong ooff, int ldo) {
     const int b = get_global_id(0), i = get_global_id(1), be = block_elems(type);
     if (b >= (cols + be - 1) / be) return; /* the global size is rounded up */
