@@ -26,18 +26,21 @@
 #define MM_TOKENS 8   /* tokens per item of tiled_<type> */
 #define GEMV_GROUP 64 /* work-group size of gemv_wg_<type> */
 
-/* dot(row of W, x) over cols in four chains of fma (one chain waits on
- * every fma's latency: a 20-byte Q4_1 block per 8 cycles): quantized
- * 32-element blocks 16 at a time (their scales decoded as vectors: one
- * at a time, the f16 conversions cost more than the products), the
- * halves of even blocks into a0 a1 and of odd ones into a2 a3; the vectors
- * of a K-quant super-block (and the last blocks) in turn. The chains are
- * summed in a fixed order at the end, then their lanes. */
+/* The order of the sums, shared by row_dot and tiled (a token gets the
+ * same bits from both): the row's 16-element vectors i = 0, 1, ... go to
+ * chain (i / 2) % 2 (two chains of fma: one waits on every fma's latency,
+ * a 20-byte Q4_1 block per 8 cycles), in order within a chain, and the
+ * result is the lane sum of chain 0 + chain 1. For 32-element blocks:
+ * even blocks to chain 0, odd ones to chain 1. */
+
+/* dot(row of W, x) over cols; quantized 32-element blocks 16 at a time,
+ * their scales decoded as vectors (one at a time, the f16 conversions
+ * cost more than the products) */
 KV_INL float row_dot(const int type, const global uchar *w, const global float *x, int cols) {
     const int be = block_elems(type), nb = cols / be;
-    float16 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, v[16];
+    float16 a0 = 0.0f, a1 = 0.0f, v[16];
     int b = 0;
-    if (quant32(type)) /* 16 blocks at a time, their scales decoded together */
+    if (quant32(type))
         for (; b + 16 <= nb; b += 16) {
             float d[16], m[16];
             const global uchar *wb = w + bytes32(type) * b;
@@ -47,25 +50,31 @@ KV_INL float row_dot(const int type, const global uchar *w, const global float *
                 float16 lo, hi;
                 const global float *xb = x + 32 * (b + k);
                 deq32s(type, wb + bytes32(type) * k, d[k], has_min32(type) ? m[k] : 0.0f, &lo, &hi);
-                a0 = fma(lo, vload16(0, xb), a0);
-                a1 = fma(hi, vload16(1, xb), a1);
+                a0 = fma(hi, vload16(1, xb), fma(lo, vload16(0, xb), a0));
                 deq32s(type, wb + bytes32(type) * (k + 1), d[k + 1], has_min32(type) ? m[k + 1] : 0.0f, &lo, &hi);
-                a2 = fma(lo, vload16(2, xb), a2);
-                a3 = fma(hi, vload16(3, xb), a3);
+                a1 = fma(hi, vload16(3, xb), fma(lo, vload16(2, xb), a1));
             }
         }
-    for (; b < nb; b++) {
-        deq_block(type, w, b, v);
-#pragma unroll
-        for (int k = 0; k < 16; k += 4) { /* a constant trip count unrolls; be / 16 of them are live */
-            const global float *xb = x + be * b + 16 * k;
-            if (k < be / 16) a0 = fma(v[k], vload16(0, xb), a0);
-            if (k + 1 < be / 16) a1 = fma(v[k + 1], vload16(1, xb), a1);
-            if (k + 2 < be / 16) a2 = fma(v[k + 2], vload16(2, xb), a2);
-            if (k + 3 < be / 16) a3 = fma(v[k + 3], vload16(3, xb), a3);
+    if (be == 32)
+        for (; b < nb; b++) {
+            deq_block(type, w, b, v);
+            const global float *xb = x + 32 * b;
+            if (b & 1)
+                a1 = fma(v[1], vload16(1, xb), fma(v[0], vload16(0, xb), a1));
+            else
+                a0 = fma(v[1], vload16(1, xb), fma(v[0], vload16(0, xb), a0));
         }
-    }
-    float s = hsum16((a0 + a1) + (a2 + a3));
+    else
+        for (; b < nb; b++) {
+            deq_block(type, w, b, v);
+#pragma unroll
+            for (int k = 0; k < 16; k++) { /* be == 256: 16 vectors */
+                const float16 xk = vload16(k, x + be * b);
+                if ((k / 2) % 2) a1 = fma(v[k], xk, a1);
+                else a0 = fma(v[k], xk, a0);
+            }
+        }
+    float s = hsum16(a0 + a1);
     for (int i = be * nb; i < cols; i++) s = fma(deq1(type, w, i), x[i], s);
     return s;
 }
@@ -117,18 +126,32 @@ KV_INL void tiled(const int type, GEMV_PARAMS, int T) {
     const global float *xt[MM_TOKENS];
     for (int k = 0; k < MM_TOKENS; k++) xt[k] = x + xoff + (ulong)min(t0 + k, T - 1) * cols;
     const int be = block_elems(type), nb = cols / be;
-    float16 acc[MM_TOKENS], v[16];
-    for (int k = 0; k < MM_TOKENS; k++) acc[k] = 0.0f;
-    for (int b = 0; b < nb; b++) {
+    float16 acc0[MM_TOKENS], acc1[MM_TOKENS], v[16];
+    for (int k = 0; k < MM_TOKENS; k++) acc0[k] = acc1[k] = 0.0f;
+    for (int b = 0; b < nb; b++) { /* row_dot's order of the sums, for each token */
         deq_block(type, w, b, v);
+        if (be == 32) {
+            if (b & 1)
 #pragma unroll
-        for (int j = 0; j < 16; j++)
+                for (int k = 0; k < MM_TOKENS; k++)
+                    acc1[k] = fma(v[1], vload16(1, xt[k] + 32 * b), fma(v[0], vload16(0, xt[k] + 32 * b), acc1[k]));
+            else
 #pragma unroll
-            for (int k = 0; k < MM_TOKENS; k++)
-                if (j < be / 16) acc[k] = fma(v[j], vload16(0, xt[k] + be * b + 16 * j), acc[k]);
+                for (int k = 0; k < MM_TOKENS; k++)
+                    acc0[k] = fma(v[1], vload16(1, xt[k] + 32 * b), fma(v[0], vload16(0, xt[k] + 32 * b), acc0[k]));
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int k = 0; k < MM_TOKENS; k++) {
+                    const float16 xk = vload16(j, xt[k] + be * b);
+                    if ((j / 2) % 2) acc1[k] = fma(v[j], xk, acc1[k]);
+                    else acc0[k] = fma(v[j], xk, acc0[k]);
+                }
+        }
     }
     for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
-        float s = hsum16(acc[k]);
+        float s = hsum16(acc0[k] + acc1[k]);
         for (int i = be * nb; i < cols; i++) s = fma(deq1(type, w, i), xt[k][i], s);
         if (bias) s += bias[row0 + r];
         y[yoff + (ulong)(t0 + k) * ldy + row0 + r] = s;
