@@ -245,6 +245,28 @@ static void cl_matmul(kv_backend *b, const kv_weight *w, const float *bias, cons
     keep(S, st, &e);
 }
 
+static void cl_matmul_n(kv_backend *b, int n, const kv_weight *const *w, const float *const *bias, const float *x,
+                        int64_t T, float *const *y, void *scratch) {
+    cl_state *S = b->ctx;
+    const kvcl_weight *W[3];
+    kvcl_buf *bb[3];
+    kvcl_view xv, yv[3];
+    bool ok = n >= 1 && n <= 3;
+    if (failed(S) || !dev_view(S, x, &xv)) return;
+    for (int i = 0; ok && i < n; i++) {
+        W[i] = weight_of(S, w[i]);
+        bb[i] = vec_of(S, bias[i], &ok);
+        ok = ok && W[i] && act_of(S, y[i], &yv[i]);
+    }
+    if (!ok) { /* a host output, or what cl_matmul reports */
+        for (int i = 0; i < n; i++) cl_matmul(b, w[i], bias[i], x, T, y[i], w[i]->rows, scratch);
+        return;
+    }
+    kv_error e;
+    kv_status st = kvcl_matmul_n(S->c, n, W, bb, xv, T, yv, &e);
+    keep(S, st, &e);
+}
+
 static void cl_rmsnorm(kv_backend *b, float *y, const float *x, const float *w, int64_t T, int64_t n, float eps) {
     cl_state *S = b->ctx;
     kvcl_view yv, xv;
@@ -650,7 +672,7 @@ kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e
     if (!S) return kv_fail(e, KV_ERR_NOMEM, "out of memory");
     *b = (kv_backend){
         .name = "opencl", .ctx = S,
-        .alloc = cl_alloc, .free = cl_free, .matmul_scratch = cl_zero_scratch, .matmul = cl_matmul,
+        .alloc = cl_alloc, .free = cl_free, .matmul_scratch = cl_zero_scratch, .matmul = cl_matmul, .matmul_n = cl_matmul_n,
         .rmsnorm = cl_rmsnorm, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .hadamard = cl_hadamard, .ffn_act = cl_ffn_act,
         .softcap = cl_softcap, .embed = cl_embed, .kv_store = cl_kv_store, .attention = cl_attention,
         .attn_scratch = cl_attn_scratch, .all_finite = cl_all_finite, .status = cl_status,

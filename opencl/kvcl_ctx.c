@@ -121,7 +121,8 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
         const struct {
             const char *prefix;
             cl_kernel *k;
-        } kinds[] = {{"gemv", &t->gemv}, {"gemv_wg", &t->gemv_wg}, {"tiled", &t->tiled}, {"deq", &t->deq}};
+        } kinds[] = {{"gemv", &t->gemv}, {"gemv_wg", &t->gemv_wg}, {"tiled", &t->tiled}, {"deq", &t->deq},
+                     {"gemv3", &t->gemv3}};
         for (size_t j = 0; j < sizeof kinds / sizeof kinds[0]; j++) {
             snprintf(name, sizeof name, "%s_%s", kinds[j].prefix, k_types[i].suffix);
             if (kernel(c, name, kinds[j].k, e) != KV_OK) return KV_ERR_DEVICE;
@@ -203,7 +204,7 @@ void kvcl_close(kvcl_ctx *c) {
     if (!c) return;
     if (c->q) clFinish(c->q);
     for (int t = 0; t < KV_TYPE_COUNT; t++) {
-        cl_kernel *k[] = {&c->mm[t].gemv, &c->mm[t].gemv_wg, &c->mm[t].tiled, &c->mm[t].deq};
+        cl_kernel *k[] = {&c->mm[t].gemv, &c->mm[t].gemv_wg, &c->mm[t].tiled, &c->mm[t].deq, &c->mm[t].gemv3};
         for (size_t j = 0; j < sizeof k / sizeof k[0]; j++)
             if (*k[j]) clReleaseKernel(*k[j]);
     }

@@ -30,7 +30,7 @@ extern const int kvcl_kernel_count;
 
 /* the kernels of one weight type (matmul.cl) */
 typedef struct {
-    cl_kernel gemv, gemv_wg, tiled, deq;
+    cl_kernel gemv, gemv_wg, tiled, deq, gemv3;
 } kvcl_type_kernels;
 
 struct kvcl_ctx {

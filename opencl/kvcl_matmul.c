@@ -224,6 +224,42 @@ kv_status kvcl_matmul(kvcl_ctx *c, const kvcl_weight *w, kvcl_buf *bias, kvcl_vi
     return kvcl_matmul_with(c, KVCL_MM_AUTO, w, bias, x, T, y, ldy, e);
 }
 
+kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_buf *const *bias, kvcl_view x,
+                        int64_t T, const kvcl_view *y, kv_error *e) {
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    bool one = n >= 1 && n <= 3 && T == 1 && c->gemv == KVCL_GEMV_ROW;
+    for (int i = 0; one && i < n; i++)
+        one = w[i]->buf && kvcl_buf_parts(w[i]->buf) == 1 && w[i]->type == w[0]->type && w[i]->cols == w[0]->cols &&
+              w[i]->rows <= INT32_MAX && c->mm[w[0]->type].gemv3;
+    if (!one) {
+        for (int i = 0; i < n; i++) {
+            kv_status st = kvcl_matmul(c, w[i], bias[i], x, T, y[i], w[i]->rows, e);
+            if (st != KV_OK) return st;
+        }
+        return KV_OK;
+    }
+    cl_mem xm, ym[3] = {NULL, NULL, NULL}, bm[3] = {NULL, NULL, NULL};
+    size_t yoff[3] = {0, 0, 0};
+    int64_t rows[3] = {0, 0, 0}, total = 0;
+    if (kvcl_view_mem(x, (size_t)w[0]->cols, "matmul x", &xm, e) != KV_OK) return KV_ERR_ARG;
+    for (int i = 0; i < n; i++) {
+        rows[i] = w[i]->rows, total += rows[i], yoff[i] = y[i].off;
+        if (kvcl_view_mem(y[i], (size_t)rows[i], "matmul y", &ym[i], e) != KV_OK) return KV_ERR_ARG;
+        if (bias[i] && kvcl_view_mem(kvcl_at(bias[i], 0), (size_t)rows[i], "matmul bias", &bm[i], e) != KV_OK)
+            return KV_ERR_ARG;
+    }
+    kvcl_launch L = kvcl_launch_begin(c, c->mm[w[0]->type].gemv3);
+    for (int i = 0; i < 3; i++) kvcl_arg_mem(&L, w[i < n ? i : 0]->buf->parts[0]);
+    kvcl_arg_ulong(&L, w[0]->row_bytes);
+    for (int i = 0; i < 3; i++) kvcl_arg_int(&L, (int)rows[i]);
+    kvcl_arg_int(&L, (int)w[0]->cols);
+    kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off);
+    for (int i = 0; i < 3; i++) kvcl_arg_mem(&L, ym[i < n ? i : 0]), kvcl_arg_ulong(&L, yoff[i]);
+    for (int i = 0; i < 3; i++) kvcl_arg_mem(&L, bm[i]);
+    size_t g[1] = {kvcl_round_up((size_t)total, GEMV_ROWS)}, l[1] = {GEMV_ROWS};
+    return kvcl_launch_run(&L, 1, g, l, "gemv3", e);
+}
+
 /* ==== choosing the prefill path ===================================================== */
 
 static double now(void) {

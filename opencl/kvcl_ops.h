@@ -50,6 +50,12 @@ kv_status kvcl_matmul(kvcl_ctx *c, const kvcl_weight *w, kvcl_buf *bias, kvcl_vi
                       int64_t ldy, kv_error *e);
 kv_status kvcl_matmul_with(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf *bias, kvcl_view x, int64_t T,
                            kvcl_view y, int64_t ldy, kv_error *e);
+/* y[i] = x . w[i]^T (+ bias[i]) for n <= 3 weights of the same width, y[i]
+ * row stride w[i].rows, each the bits kvcl_matmul gives it: one launch
+ * when T = 1, the row GEMV is the device's and the weights share a type
+ * and are single buffers (q, k, v; gate, up), else one product each. */
+kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_buf *const *bias, kvcl_view x,
+                        int64_t T, const kvcl_view *y, kv_error *e);
 /* True when this build has CLBlast. */
 bool kvcl_have_clblast(void);
 

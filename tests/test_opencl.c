@@ -497,6 +497,59 @@ static void test_gemv_tiled_same(kvcl_ctx *c) {
     }
 }
 
+/* kvcl_matmul_n (one launch for q, k, v or gate, up at T = 1) gives each
+ * output the bits of its own kvcl_matmul, with biases, for weights of one
+ * type (the fused launch) and of mixed types (one product each). */
+static void test_matmul_n(kvcl_ctx *c) {
+    static const int64_t rows[3] = {70, 23, 23};
+    const int64_t cols = 32 * 19;
+    const int sets[][3] = {{KV_TYPE_Q4_1, KV_TYPE_Q4_1, KV_TYPE_Q4_1}, {KV_TYPE_Q8_0, KV_TYPE_Q8_0, KV_TYPE_Q8_0},
+                           {KV_TYPE_Q5_0, KV_TYPE_Q5_0, KV_TYPE_Q8_0}, {KV_TYPE_F16, KV_TYPE_F16, KV_TYPE_F16}};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++)
+        for (int n = 2; n <= 3; n++) {
+            kvcl_weight w[3] = {{0}};
+            const kvcl_weight *wp[3];
+            kvcl_buf *bias[3] = {NULL, NULL, NULL}, *yn[3] = {NULL, NULL, NULL}, *y1[3] = {NULL, NULL, NULL};
+            kvcl_view yv[3];
+            float *x = xmalloc(sizeof(float) * cols);
+            for (int64_t i = 0; i < cols; i++) x[i] = frand();
+            kvcl_buf *xb = dev_floats(c, x, cols);
+            kv_status st = KV_OK;
+            for (int i = 0; i < n; i++) {
+                uint8_t *bytes;
+                float *deq, *bv = xmalloc(sizeof(float) * rows[i]);
+                random_weight(sets[si][i], rows[i], cols, &bytes, &deq);
+                for (int64_t r = 0; r < rows[i]; r++) bv[r] = frand();
+                if (st == KV_OK) st = kvcl_weight_upload(c, sets[si][i], rows[i], cols, bytes, &w[i], &g_err);
+                bias[i] = i == 1 ? NULL : dev_floats(c, bv, rows[i]);
+                yn[i] = dev_buf(c, NULL, sizeof(float) * rows[i]), y1[i] = dev_buf(c, NULL, sizeof(float) * rows[i]);
+                wp[i] = &w[i], yv[i] = kvcl_at(yn[i], 0);
+                free(bytes), free(deq), free(bv);
+            }
+            if (st == KV_OK) st = kvcl_matmul_n(c, n, wp, bias, kvcl_at(xb, 0), 1, yv, &g_err);
+            for (int i = 0; st == KV_OK && i < n; i++)
+                st = kvcl_matmul(c, &w[i], bias[i], kvcl_at(xb, 0), 1, kvcl_at(y1[i], 0), rows[i], &g_err);
+            int differ = 0;
+            for (int i = 0; st == KV_OK && i < n; i++) {
+                float *a = xmalloc(sizeof(float) * rows[i]), *b = xmalloc(sizeof(float) * rows[i]);
+                get_floats(c, yn[i], 0, a, rows[i]);
+                get_floats(c, y1[i], 0, b, rows[i]);
+                differ += (int)rows[i] - count_exact(a, b, rows[i]);
+                free(a), free(b);
+            }
+            char name[160];
+            snprintf(name, sizeof name, "matmul_n of %d (%s, %s, %s): each output the bits of its own matmul", n,
+                     tname(sets[si][0]), tname(sets[si][1]), n > 2 ? tname(sets[si][2]) : "-");
+            report(st == KV_OK && differ == 0, name, "%s; %d outputs differ", st ? g_err.msg : "", differ);
+            for (int i = 0; i < n; i++) {
+                kvcl_weight_free(&w[i]);
+                kvcl_buf_free(bias[i]), kvcl_buf_free(yn[i]), kvcl_buf_free(y1[i]);
+            }
+            kvcl_buf_free(xb);
+            free(x);
+        }
+}
+
 /* RMSNorm: the device sums the squares in double (or with a compensated
  * float sum on the portable path) in another order than the CPU's
  * sequential double sum, so the float mean may differ in its last bit:
@@ -936,6 +989,8 @@ int main(void) {
     test_matmul_on(g_c, "", all_paths, 3, true);
     test_matmul_on(split, "split", all_paths, 3, false);
     test_gemv_tiled_same(g_c);
+    test_matmul_n(g_c);
+    test_matmul_n(split);
     kvcl_options grp = {.cache_dir = g_cache, .gemv = KVCL_GEMV_GROUP};
     kvcl_ctx *cg = open_ctx(&grp);
     test_matmul_on(cg, "", all_paths, 1, false);

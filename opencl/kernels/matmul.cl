@@ -6,6 +6,7 @@
  *                   decoded in registers (deq_block: float16 vectors; PoCL
  *                   and other CPU drivers vectorize inside an item), 16
  *                   lane sums.
+ *   gemv3_<type>    decode of up to three weights of one input in one launch.
  *   gemv_wg_<type>  decode for GPUs: one work-group per (row, token), its
  *                   items take sub-blocks in turn (neighbouring items read
  *                   neighbouring blocks), a tree sum in local memory.
@@ -90,6 +91,34 @@ KV_INL void gemv(const int type, GEMV_PARAMS) {
     float s = row_dot(type, W + r * row_bytes, x + xoff + (ulong)t * cols, cols);
     if (bias) s += bias[row0 + r];
     y[yoff + (ulong)t * ldy + row0 + r] = s;
+}
+
+/* item r: the decode GEMVs (T = 1) of up to three weights of one type and
+ * width in one launch (q, k, v; gate, up): rows [0, n0) of W0 into y0,
+ * the next n1 of W1 into y1, the next n2 of W2 into y2; each output the
+ * bits gemv gives it */
+#define GEMV3_PARAMS                                                                                        \
+    global const uchar *W0, global const uchar *W1, global const uchar *W2, ulong row_bytes, int n0, int n1, \
+        int n2, int cols, global const float *x, ulong xoff, global float *y0, ulong y0off, global float *y1,  \
+        ulong y1off, global float *y2, ulong y2off, global const float *b0, global const float *b1,          \
+        global const float *b2
+KV_INL void gemv3(const int type, GEMV3_PARAMS) {
+    int r = get_global_id(0);
+    global const uchar *W;
+    global float *y;
+    global const float *bias;
+    if (r < n0) {
+        W = W0, y = y0 + y0off, bias = b0;
+    } else if ((r -= n0) < n1) {
+        W = W1, y = y1 + y1off, bias = b1;
+    } else if ((r -= n1) < n2) {
+        W = W2, y = y2 + y2off, bias = b2;
+    } else {
+        return;
+    }
+    float s = row_dot(type, W + r * row_bytes, x + xoff, cols);
+    if (bias) s += bias[r];
+    y[r] = s;
 }
 
 /* group (r, t), GEMV_GROUP items: the same product, sub-blocks dealt out
@@ -199,6 +228,9 @@ KV_INL void deq(const int type, global const uchar *W, ulong row_bytes, int rows
         gemv_wg(TYPE, GEMV_ARGS, part);                                                    \
     }                                                                                      \
     kernel void tiled_##name(GEMV_PARAMS, int T) { tiled(TYPE, GEMV_ARGS, T); }            \
+    kernel void gemv3_##name(GEMV3_PARAMS) {                                               \
+        gemv3(TYPE, W0, W1, W2, row_bytes, n0, n1, n2, cols, x, xoff, y0, y0off, y1, y1off, y2, y2off, b0, b1, b2); \
+    }                                                                                      \
     kernel void deq_##name(DEQ_PARAMS) { deq(TYPE, DEQ_ARGS); }
 
 MATMUL_KERNELS(f32, TYPE_F32)
