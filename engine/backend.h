@@ -89,6 +89,13 @@ struct kv_backend {
     /* x(T, n_head, head_dim) rotated in place; pos(T) positions. */
     void (*rope)(kv_backend *b, float *x, int64_t T, int n_head, int head_dim, const int32_t *pos,
                  const kv_rope_params *rp);
+    /* Optional: rope of a layer's q (T, n_head) and k (T, n_kv) heads, then
+     * q *= q_scale, and false when a value of either is not finite (a
+     * backend that answers at the end of the pass, status, may return true
+     * here); the values rope, rope and scale give. NULL: forward.c calls
+     * those and all_finite. */
+    bool (*rope_qk)(kv_backend *b, float *q, float *k, int64_t T, int n_head, int n_kv, int head_dim,
+                    const int32_t *pos, const kv_rope_params *rp, float q_scale);
     /* y(n) += x(n). */
     void (*add)(kv_backend *b, float *y, const float *x, int64_t n);
     /* x(n) *= s. */

@@ -28,6 +28,16 @@
 
 /* ==== one layer ============================================================ */
 
+/* rope on q and k, q *= q_scale; false when either holds a non-finite value */
+static bool rope_qk(kv_backend *be, float *q, float *k, int T, int n_head, int n_kv, int hd, const int32_t *pos,
+                    const kv_rope_params *rp, float q_scale) {
+    if (be->rope_qk) return be->rope_qk(be, q, k, T, n_head, n_kv, hd, pos, rp, q_scale);
+    be->rope(be, q, T, n_head, hd, pos, rp);
+    be->rope(be, k, T, n_kv, hd, pos, rp);
+    if (q_scale != 1.0f) be->scale(be, q, (int64_t)T * n_head * hd, q_scale);
+    return be->all_finite(be, q, (int64_t)T * n_head * hd) && be->all_finite(be, k, (int64_t)T * n_kv * hd);
+}
+
 /* y[i] = x w[i]^T (+ bias[i]) for n weights of the same input: one call
  * where the backend has matmul_n. */
 static void matmuls(kv_backend *be, int n, const kv_weight *const *w, const float *const *bias, const float *x,
@@ -56,10 +66,7 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
             (float *[]){s->q, s->k, s->v}, s->mm_scratch);
     if (L->q_norm) be->rmsnorm(be, s->q, s->q, L->q_norm, (int64_t)T * n_head, hd, m->eps);
     if (L->k_norm) be->rmsnorm(be, s->k, s->k, L->k_norm, (int64_t)T * n_kv, hd, m->eps);
-    be->rope(be, s->q, T, n_head, hd, s->pos_buf, &L->rope);
-    be->rope(be, s->k, T, n_kv, hd, s->pos_buf, &L->rope);
-    if (m->q_scale != 1.0f) be->scale(be, s->q, (int64_t)T * n_head * hd, m->q_scale);
-    if (!be->all_finite(be, s->q, (int64_t)T * n_head * hd) || !be->all_finite(be, s->k, (int64_t)T * n_kv * hd))
+    if (!rope_qk(be, s->q, s->k, T, n_head, n_kv, hd, s->pos_buf, &L->rope, m->q_scale))
         return false; /* a NaN score would be masked, not propagated */
     kv_attn_params ap = {
         .layer = il, .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .head_dim_v = hdv,

@@ -279,6 +279,15 @@ static void cl_rmsnorm(kv_backend *b, float *y, const float *x, const float *w, 
     keep(S, st, &e);
 }
 
+/* uploads the positions when they changed */
+static kv_status upload_pos(cl_state *S, const int32_t *pos, int64_t T, kv_error *e) {
+    if (S->pos_n == T && !memcmp(S->pos_shadow, pos, (size_t)T * sizeof *pos)) return KV_OK;
+    kv_status st = kvcl_write(S->c, S->pos, 0, pos, (size_t)T * sizeof *pos, e);
+    memcpy(S->pos_shadow, pos, (size_t)T * sizeof *pos);
+    S->pos_n = st ? 0 : (int)T;
+    return st;
+}
+
 static void cl_rope(kv_backend *b, float *x, int64_t T, int n_head, int head_dim, const int32_t *pos,
                     const kv_rope_params *rp) {
     cl_state *S = b->ctx;
@@ -293,13 +302,30 @@ static void cl_rope(kv_backend *b, float *x, int64_t T, int n_head, int head_dim
         keep_msg(S, "rope over more tokens than a chunk");
         return;
     }
-    if (S->pos_n != T || memcmp(S->pos_shadow, pos, (size_t)T * sizeof *pos)) { /* upload when changed */
-        st = kvcl_write(S->c, S->pos, 0, pos, (size_t)T * sizeof *pos, &e);
-        memcpy(S->pos_shadow, pos, (size_t)T * sizeof *pos);
-        S->pos_n = st ? 0 : (int)T;
-    }
+    st = upload_pos(S, pos, T, &e);
     if (!st) st = kvcl_rope(S->c, xv, T, n_head, head_dim, S->pos, rp, ff, &e);
     keep(S, st, &e);
+}
+
+static bool cl_rope_qk(kv_backend *b, float *q, float *k, int64_t T, int n_head, int n_kv, int head_dim,
+                       const int32_t *pos, const kv_rope_params *rp, float q_scale) {
+    cl_state *S = b->ctx;
+    kvcl_view qv, kv;
+    bool ok = true;
+    if (failed(S) || !dev_view(S, q, &qv) || !dev_view(S, k, &kv)) return true; /* the session reports the kept error */
+    kvcl_buf *ff = vec_of(S, rp->freq_factors, &ok);
+    if (!ok) return true;
+    if (T > KV_CHUNK) {
+        keep_msg(S, "rope over more tokens than a chunk");
+        return true;
+    }
+    kv_error e;
+    kv_status st = upload_pos(S, pos, T, &e);
+    if (!st && !S->checks) st = kvcl_finite_reset(S->c, &e);
+    S->checks = true;
+    if (!st) st = kvcl_rope_qk(S->c, qv, kv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &e);
+    keep(S, st, &e);
+    return true; /* answered by status at the end of the pass */
 }
 
 static void cl_add(kv_backend *b, float *y, const float *x, int64_t n) {
@@ -673,6 +699,7 @@ kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e
     *b = (kv_backend){
         .name = "opencl", .ctx = S,
         .alloc = cl_alloc, .free = cl_free, .matmul_scratch = cl_zero_scratch, .matmul = cl_matmul, .matmul_n = cl_matmul_n,
+        .rope_qk = cl_rope_qk,
         .rmsnorm = cl_rmsnorm, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .hadamard = cl_hadamard, .ffn_act = cl_ffn_act,
         .softcap = cl_softcap, .embed = cl_embed, .kv_store = cl_kv_store, .attention = cl_attention,
         .attn_scratch = cl_attn_scratch, .all_finite = cl_all_finite, .status = cl_status,

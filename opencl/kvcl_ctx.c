@@ -132,7 +132,7 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
         const char *name;
         cl_kernel *k;
     } named[] = {
-        {"rmsnorm", &c->rmsnorm},       {"rope", &c->rope},       {"add", &c->add},
+        {"rmsnorm", &c->rmsnorm},       {"rope", &c->rope},       {"rope_qk", &c->rope_qk}, {"add", &c->add},
         {"scale", &c->scale},           {"softcap", &c->softcap}, {"add_bias", &c->add_bias},
         {"ffn_act", &c->ffn_act},       {"all_finite", &c->all_finite}, {"kv_store", &c->kv_store},
         {"attention", &c->attention},   {"attention_merge", &c->attention_merge},
@@ -208,7 +208,7 @@ void kvcl_close(kvcl_ctx *c) {
         for (size_t j = 0; j < sizeof k / sizeof k[0]; j++)
             if (*k[j]) clReleaseKernel(*k[j]);
     }
-    cl_kernel named[] = {c->rmsnorm,  c->rope,     c->add,       c->scale,
+    cl_kernel named[] = {c->rmsnorm,  c->rope,     c->rope_qk,   c->add,       c->scale,
                          c->softcap,  c->add_bias, c->ffn_act,   c->all_finite,
                          c->kv_store, c->attention, c->attention_merge, c->hadamard};
     for (size_t j = 0; j < sizeof named / sizeof named[0]; j++)

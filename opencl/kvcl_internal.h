@@ -47,7 +47,7 @@ struct kvcl_ctx {
     unsigned char dev_key[32]; /* hash of the device's identity (cache file names) */
 
     kvcl_type_kernels mm[KV_TYPE_COUNT];
-    cl_kernel rmsnorm, rope, add, scale, softcap, add_bias, ffn_act, all_finite, hadamard;
+    cl_kernel rmsnorm, rope, rope_qk, add, scale, softcap, add_bias, ffn_act, all_finite, hadamard;
     cl_kernel kv_store, attention, attention_merge;
 
     uint64_t in_use;      /* bytes of buffers (and scratch) allocated, at most info.memory */

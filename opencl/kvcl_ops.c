@@ -54,6 +54,29 @@ kv_status kvcl_rope(kvcl_ctx *c, kvcl_view x, int64_t T, int n_head, int head_di
     return kvcl_launch_run(&L, 2, g, l, "rope", e);
 }
 
+kv_status kvcl_rope_qk(kvcl_ctx *c, kvcl_view q, kvcl_view k, int64_t T, int n_head, int n_kv, int head_dim,
+                       kvcl_buf *pos, const kv_rope_params *rp, kvcl_buf *factors, float q_scale, kv_error *e) {
+    cl_mem qm, km, pm, fm = NULL;
+    if (T <= 0 || n_head <= 0 || n_kv <= 0 || rp->n_rot <= 0 || rp->n_rot % 2 || rp->n_rot > head_dim || head_dim % 2)
+        return kv_fail(e, KV_ERR_ARG, "rope: bad shape (T %lld, heads %d / %d, head_dim %d, n_rot %d)", (long long)T,
+                       n_head, n_kv, head_dim, rp->n_rot);
+    if (rp->mode != KV_ROPE_NORM && rp->mode != KV_ROPE_NEOX) return kv_fail(e, KV_ERR_ARG, "rope: mode %d", rp->mode);
+    if (kvcl_view_mem(q, (size_t)T * n_head * head_dim, "rope q", &qm, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(k, (size_t)T * n_kv * head_dim, "rope k", &km, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(kvcl_at(pos, 0), (size_t)T, "rope positions", &pm, e) != KV_OK) return KV_ERR_ARG;
+    if (factors && kvcl_view_mem(kvcl_at(factors, 0), (size_t)rp->n_rot / 2, "rope factors", &fm, e) != KV_OK)
+        return KV_ERR_ARG;
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    const float theta_scale = powf(rp->freq_base, -2.0f / (float)rp->n_rot); /* as kvcl_rope */
+    kvcl_launch L = kvcl_launch_begin(c, c->rope_qk);
+    kvcl_arg_mem(&L, qm), kvcl_arg_ulong(&L, q.off), kvcl_arg_mem(&L, km), kvcl_arg_ulong(&L, k.off);
+    kvcl_arg_mem(&L, pm), kvcl_arg_int(&L, n_head), kvcl_arg_int(&L, n_kv), kvcl_arg_int(&L, head_dim);
+    kvcl_arg_int(&L, rp->n_rot), kvcl_arg_int(&L, rp->mode == KV_ROPE_NEOX), kvcl_arg_float(&L, theta_scale);
+    kvcl_arg_float(&L, rp->freq_scale), kvcl_arg_mem(&L, fm), kvcl_arg_float(&L, q_scale), kvcl_arg_mem(&L, c->flag);
+    size_t g[2] = {kvcl_round_up((size_t)head_dim / 2, 16), (size_t)T}, l[2] = {16, 1};
+    return kvcl_launch_run(&L, 2, g, l, "rope", e);
+}
+
 kv_status kvcl_add(kvcl_ctx *c, kvcl_view y, kvcl_view x, int64_t n, kv_error *e) {
     cl_mem ym, xm;
     if (kvcl_view_mem(y, (size_t)n, "add", &ym, e) != KV_OK) return KV_ERR_ARG;

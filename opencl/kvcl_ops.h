@@ -77,6 +77,12 @@ kv_status kvcl_rmsnorm(kvcl_ctx *c, kvcl_view y, kvcl_view x, kvcl_buf *w, int64
  * buffer); rp->freq_factors is ignored: factors (n_rot / 2 floats) or NULL. */
 kv_status kvcl_rope(kvcl_ctx *c, kvcl_view x, int64_t T, int n_head, int head_dim, kvcl_buf *pos,
                     const kv_rope_params *rp, kvcl_buf *factors, kv_error *e);
+/* rope of a layer's q (T, n_head, head_dim) and k (T, n_kv, head_dim), then
+ * q *= q_scale and both checked finite into the all_finite flag (reset it
+ * first with kvcl_finite_reset): one launch for rope, rope, scale and two
+ * finite checks, the same values. */
+kv_status kvcl_rope_qk(kvcl_ctx *c, kvcl_view q, kvcl_view k, int64_t T, int n_head, int n_kv, int head_dim,
+                       kvcl_buf *pos, const kv_rope_params *rp, kvcl_buf *factors, float q_scale, kv_error *e);
 kv_status kvcl_add(kvcl_ctx *c, kvcl_view y, kvcl_view x, int64_t n, kv_error *e);   /* y += x */
 kv_status kvcl_scale(kvcl_ctx *c, kvcl_view x, int64_t n, float s, kv_error *e);     /* x *= s */
 kv_status kvcl_softcap(kvcl_ctx *c, kvcl_view x, int64_t n, float cap, kv_error *e); /* cap tanh(x / cap) */

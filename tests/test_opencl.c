@@ -627,6 +627,54 @@ static void test_rope(kvcl_ctx *c) {
     }
 }
 
+/* rope_qk: the bits of rope on q, rope on k and scale on q (the device's
+ * own kernels), and the finiteness flag: set by a NaN or an infinity
+ * anywhere in q or k (unrotated dimensions too), not otherwise. */
+static void test_rope_qk(kvcl_ctx *c) {
+    for (int ci = 0; ci < 8; ci++) {
+        const int hd = ci % 2 ? 128 : 64, n_head = 2 + irand(7), n_kv = 1 + irand(3), T = ci < 3 ? 1 : 1 + irand(20);
+        kv_rope_params rp = {ci % 2 ? KV_ROPE_NEOX : KV_ROPE_NORM, ci % 4 == 3 ? hd / 2 : hd, 10000.0f, 1.0f, NULL};
+        const float q_scale = ci % 3 == 1 ? 0.0625f : 1.0f;
+        const int64_t nq = (int64_t)T * n_head * hd, nk = (int64_t)T * n_kv * hd;
+        int32_t *pos = xmalloc(sizeof(int32_t) * T);
+        float *q = xmalloc(sizeof(float) * nq), *k = xmalloc(sizeof(float) * nk);
+        for (int t = 0; t < T; t++) pos[t] = irand(8192);
+        for (int64_t i = 0; i < nq; i++) q[i] = frand();
+        for (int64_t i = 0; i < nk; i++) k[i] = frand();
+        const int bad_at = ci >= 5 ? (ci == 5 ? 0 : ci == 6 ? 1 : 2) : -1; /* NaN in q, inf in k, NaN past n_rot */
+        if (bad_at == 0) q[irand((int)nq)] = NAN;
+        if (bad_at == 1) k[irand((int)nk)] = INFINITY;
+        if (bad_at == 2) k[hd - 1] = NAN, rp.n_rot = hd / 2;
+        kvcl_buf *pb = dev_buf(c, pos, sizeof(int32_t) * T);
+        kvcl_buf *qa = dev_floats(c, q, nq), *ka = dev_floats(c, k, nk), *qb = dev_floats(c, q, nq), *kb = dev_floats(c, k, nk);
+        kv_status st = kvcl_rope(c, kvcl_at(qa, 0), T, n_head, hd, pb, &rp, NULL, &g_err);
+        if (st == KV_OK) st = kvcl_rope(c, kvcl_at(ka, 0), T, n_kv, hd, pb, &rp, NULL, &g_err);
+        if (st == KV_OK && q_scale != 1.0f) st = kvcl_scale(c, kvcl_at(qa, 0), nq, q_scale, &g_err);
+        bool fin = false;
+        if (st == KV_OK) st = kvcl_finite_reset(c, &g_err);
+        if (st == KV_OK)
+            st = kvcl_rope_qk(c, kvcl_at(qb, 0), kvcl_at(kb, 0), T, n_head, n_kv, hd, pb, &rp, NULL, q_scale, &g_err);
+        if (st == KV_OK) st = kvcl_finite_read(c, &fin, &g_err);
+        float *a = xmalloc(sizeof(float) * nq), *b = xmalloc(sizeof(float) * nq);
+        int differ = 0;
+        if (st == KV_OK) {
+            get_floats(c, qa, 0, a, nq), get_floats(c, qb, 0, b, nq);
+            for (int64_t i = 0; i < nq; i++) differ += memcmp(&a[i], &b[i], 4) != 0 && !(isnan(a[i]) && isnan(b[i]));
+            get_floats(c, ka, 0, a, nk), get_floats(c, kb, 0, b, nk);
+            for (int64_t i = 0; i < nk; i++) differ += memcmp(&a[i], &b[i], 4) != 0 && !(isnan(a[i]) && isnan(b[i]));
+        }
+        char name[200];
+        snprintf(name, sizeof name, "rope_qk %s hd %d n_rot %d heads %d/%d T %d%s%s: the bits of rope, rope, scale; flag %s",
+                 rp.mode == KV_ROPE_NEOX ? "neox" : "norm", hd, rp.n_rot, n_head, n_kv, T,
+                 q_scale != 1.0f ? ", q scaled" : "", bad_at >= 0 ? ", a non-finite value" : "",
+                 bad_at >= 0 ? "down" : "up");
+        report(st == KV_OK && differ == 0 && fin == (bad_at < 0), name, "%s; %d values differ, finite %d",
+               st ? g_err.msg : "", differ, (int)fin);
+        kvcl_buf_free(pb), kvcl_buf_free(qa), kvcl_buf_free(ka), kvcl_buf_free(qb), kvcl_buf_free(kb);
+        free(pos), free(q), free(k), free(a), free(b);
+    }
+}
+
 /* add and scale: one float operation, bit-identical. Soft cap (tanh: 5
  * ulps in OpenCL) and SiLU (exp: 3 ulps, then a division and a product):
  * within 8 eps relative. GELU: the CPU rounds input and result to f16, so
@@ -1002,6 +1050,7 @@ int main(void) {
     test_rmsnorm(cp, " (no fp64)", 8);
     kvcl_close(cp);
     test_rope(g_c);
+    test_rope_qk(g_c);
     test_pointwise(g_c);
     test_all_finite(g_c);
     test_hadamard(g_c);

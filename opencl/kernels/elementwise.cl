@@ -80,6 +80,44 @@ kernel void rope(global float *x, ulong xoff, global const int *pos, int n_head,
     }
 }
 
+/* q(T, n_head, head_dim) and k(T, n_kv, head_dim) of a layer in one launch:
+ * rope as above, then q *= q_scale, and every value of both checked
+ * finite (atomic_min(flag, 0) otherwise); what rope, rope, scale and two
+ * all_finite launches do, with their arithmetic. Item (i, t): i < n_rot / 2
+ * rotates pair i of every head; the others take two of the unrotated
+ * elements [n_rot, head_dim). */
+kernel void rope_qk(global float *q, ulong qoff, global float *k, ulong koff, global const int *pos, int n_head,
+                    int n_kv, int head_dim, int n_rot, int neox, float theta_scale, float freq_scale,
+                    global const float *ff, float q_scale, global int *flag) {
+    const int i = get_global_id(0), t = get_global_id(1), half_rot = n_rot / 2;
+    if (i >= head_dim / 2) return;
+    const bool rot = i < half_rot;
+    float c = 1.0f, s = 0.0f;
+    int a = n_rot + 2 * (i - half_rot), b = a + 1;
+    if (rot) {
+        float theta = (float)pos[t];
+        for (int k = 0; k < i; k++) theta *= theta_scale;
+        const float th = freq_scale * (theta / (ff ? ff[i] : 1.0f));
+        c = cos(th), s = sin(th);
+        a = neox ? i : 2 * i, b = neox ? i + half_rot : 2 * i + 1;
+    }
+    bool fin = true;
+    for (int h = 0; h < n_head + n_kv; h++) {
+        const bool isq = h < n_head;
+        global float *v = isq ? q + qoff + ((ulong)t * n_head + h) * head_dim
+                              : k + koff + ((ulong)t * n_kv + (h - n_head)) * head_dim;
+        float p = v[a], d = v[b];
+        if (rot) {
+            const float p2 = p * c - d * s, d2 = p * s + d * c;
+            p = p2, d = d2;
+        }
+        if (isq && q_scale != 1.0f) p *= q_scale, d *= q_scale;
+        v[a] = p, v[b] = d;
+        fin = fin && isfinite(p) && isfinite(d);
+    }
+    if (!fin) atomic_min(flag, 0);
+}
+
 /* ---- one item per element ---- */
 
 /* y(n) += x(n) */
