@@ -925,6 +925,45 @@ KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, __m256i sc,
     }
 }
 
+#if KV_VNNI
+/* k45_block with 512-bit vectors for 8 tokens (a batched decode step): the
+ * low and high nibbles of qs[32 j ..] (sub-blocks 2j, 2j + 1) side by side,
+ * against the token's 64 quants of those sub-blocks, so one vpmaddubsw and
+ * one vpdpwssd do what two of each do on 256 bits. Lane l of the result
+ * sums what lane l of the two 256-bit chains does (l < 8: sub-block 2j,
+ * else 2j + 1, the same 4 elements), so folding the halves gives the exact
+ * integers k45_block gives. */
+KV_INL void k45_block_z8(const uint8_t *qs, const uint8_t *qh, __m256i sc, const kv_block_q8_k *const *xb,
+                         __m256i *isum) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i z[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) z[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+        __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+        w = _mm512_and_si512(w, m4);
+        if (qh) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            const __m512i hb = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(h, 2 * j)),
+                                                  _mm256_srli_epi16(h, 2 * j + 1), 1);
+            w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(1)), 4));
+        }
+        const __m512i s = _mm512_inserti64x4(_mm512_castsi256_si512(bcast16(sc, 2 * j)), bcast16(sc, 2 * j + 1), 1);
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            const __m512i yv = _mm512_loadu_si512((const void *)(xb[t]->qs + 64 * j));
+            z[t] = _mm512_dpwssd_epi32(z[t], _mm512_maddubs_epi16(w, yv), s);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++)
+        isum[t] = _mm256_add_epi32(_mm512_castsi512_si256(z[t]), _mm512_extracti64x4_epi64(z[t], 1)),
+        isum[8 + t] = _mm256_setzero_si256();
+}
+#endif
+
 KV_INL void tile_k45(int Q5, int NT, int64_t nb, const uint8_t *W, const uint8_t *X, size_t xs,
                      float *y, int64_t ldy) {
     __m256 acc[K_NT_MAX];
@@ -952,7 +991,12 @@ KV_INL void tile_k45(int Q5, int NT, int64_t nb, const uint8_t *W, const uint8_t
             xb[t] = (const kv_block_q8_k *)(X + t * xs) + b;
             isum[t] = isum[NT + t] = _mm256_setzero_si256();
         }
-        k45_block(NT, qs, qh, sc, xb, isum);
+#if KV_VNNI
+        if (NT == 8)
+            k45_block_z8(qs, qh, sc, xb, isum);
+        else
+#endif
+            k45_block(NT, qs, qh, sc, xb, isum);
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             float dx = xb[t]->d;
@@ -1011,6 +1055,24 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
                 __m128i c = _mm_set1_epi16((short)w->scales[i0 + 1]);
                 sc[k] = _mm256_set_m128i(c, a);
             }
+#if KV_VNNI
+            if (NT == 8) { /* 512 bits: q[k], q[k + 1] side by side (k45_block_z8's folding) */
+                const __m512i w01 = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+                const __m512i w23 = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
+                const __m512i s01 = _mm512_inserti64x4(_mm512_castsi256_si512(sc[0]), sc[1], 1);
+                const __m512i s23 = _mm512_inserti64x4(_mm512_castsi256_si512(sc[2]), sc[3], 1);
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; t++) {
+                    const int8_t *yq = xb[t]->qs + 128 * h;
+                    __m512i z = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                                    _mm512_maddubs_epi16(w01, _mm512_loadu_si512((const void *)yq)), s01);
+                    z = _mm512_dpwssd_epi32(z, _mm512_maddubs_epi16(w23, _mm512_loadu_si512((const void *)(yq + 64))), s23);
+                    isum[t] = _mm256_add_epi32(isum[t],
+                                               _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64(z, 1)));
+                }
+                continue;
+            }
+#endif
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const int8_t *yq = xb[t]->qs + 128 * h;
