@@ -228,9 +228,10 @@ kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_bu
                         int64_t T, const kvcl_view *y, kv_error *e) {
     if (kvcl_check(c, e) != KV_OK) return c->failed;
     bool one = n >= 1 && n <= 3 && T == 1 && c->gemv == KVCL_GEMV_ROW;
+    int64_t all = 0; /* the kernel's row index is an int */
     for (int i = 0; one && i < n; i++)
         one = w[i]->buf && kvcl_buf_parts(w[i]->buf) == 1 && w[i]->type == w[0]->type && w[i]->cols == w[0]->cols &&
-              w[i]->rows <= INT32_MAX && c->mm[w[0]->type].gemv3;
+              (all += w[i]->rows) <= INT32_MAX - GEMV_ROWS && c->mm[w[0]->type].gemv3;
     if (!one) {
         for (int i = 0; i < n; i++) {
             kv_status st = kvcl_matmul(c, w[i], bias[i], x, T, y[i], w[i]->rows, e);
