@@ -776,8 +776,12 @@ KV_INL void tile16(int WT, int NR, int64_t nb, const uint8_t *W, size_t ws, cons
             const float *fg = xs8 + (t / 8) * nb * KV_X8F;                                          \
             float *yg = y + (int64_t)t * ldy;                                                       \
             int r = 0;                                                                              \
-            if (TILE8_R16(WT, ws))                                                                  \
+            if (TILE8_R16(WT, ws)) {                                                                \
+                /* the first two tiles, which the tiles' own prefetch (two ahead) does not reach */    \
+                for (size_t o = 0; o < (size_t)(nr < 32 ? nr : 32) * ws; o += 64)                     \
+                    _mm_prefetch((const char *)W + o, _MM_HINT_T1);                                 \
                 for (; r + 16 <= nr; r += 16) NAME##_r16(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t); \
+            }                                                                                       \
             for (; r + 4 <= nr; r += 4) NAME##_4(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t);  \
             for (; r < nr; r++) NAME##_1(nb, W + r * ws, ws, xg, fg, yg + r, ldy, nt - t);          \
         }                                                                                           \
