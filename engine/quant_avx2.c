@@ -507,19 +507,12 @@ KV_INL void tile8_z(int WT, int64_t nb, const uint8_t *W, size_t ws, const uint8
         for (int p = 0; p < 2; p++) /* [row 2p's quants | row 2p+1's] */
             w2[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *)wb[2 * p])),
                                        _mm256_load_si256((const __m256i *)wb[2 * p + 1]), 1);
-        /* the 128-bit lanes [A0 A0 B0 B0] and [A1 A1 B1 B1] of each pair (A, B
-         * its rows' quants, 0 / 1 their dwords 0-3 / 4-7): an in-lane dword
-         * broadcast then gives group g of A in lanes 0-7 and of B in 8-15 */
-        __m512i wl[2][2];
-#pragma GCC unroll 2
-        for (int p = 0; p < 2; p++)
-            wl[p][0] = _mm512_shuffle_i32x4(w2[p], w2[p], 0xA0), wl[p][1] = _mm512_shuffle_i32x4(w2[p], w2[p], 0xF5);
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
             const __m512i xv = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(xb + 32 * g)));
+            const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32(g), _mm512_set_epi32(8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0));
 #pragma GCC unroll 2
-            for (int p = 0; p < 2; p++)
-                isum[p] = _mm512_dpbusd_epi32(isum[p], _mm512_shuffle_epi32(wl[p][g >> 2], (_MM_PERM_ENUM)((g & 3) * 0x55)), xv);
+            for (int p = 0; p < 2; p++) isum[p] = _mm512_dpbusd_epi32(isum[p], _mm512_permutexvar_epi32(ix, w2[p]), xv);
         }
         const float *f = xs8 + b * KV_X8F;
         const __m512 dx = dup256_ps(_mm256_load_ps(f)), sx = dup256_ps(_mm256_load_ps(f + 8));
