@@ -1348,7 +1348,8 @@ static void att_segment(const att_job *J, const att_rows *A, int g, int k0, int 
      * hardware prefetchers find them */
     for (int p = k0; p <= k1;) {
         int n;
-        const uint8_t *K = kv_kv_span(J->kv, ap->layer, g, p, &n, false), *V = kv_kv_span(J->kv, ap->layer, g, p, NULL, true);
+        const uint8_t *K = kv_kv_span(J->kv, ap->layer, g, p, &n, false);
+        const uint8_t *V = kv_kv_span(J->kv, ap->layer, g, p, NULL, true);
         if (n > k1 - p + 1) n = k1 - p + 1;
         for (size_t o = 0; o < (size_t)n * A->kr; o += 64) _mm_prefetch((const char *)K + o, _MM_HINT_T1);
         for (size_t o = 0; o < (size_t)n * A->vr; o += 64) _mm_prefetch((const char *)V + o, _MM_HINT_T1);

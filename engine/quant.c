@@ -970,8 +970,8 @@ typedef struct {
     float *xs8;  /* their scales and sums */
     int64_t t8;  /* tokens [0, t8) go through the tile8 kernel */
     int vt;
+    int64_t nq;  /* blocks of the dot type in a row of x */
     mm_part *parts;
-    int nparts;
     int64_t nchunks; /* all parts' */
     atomic_long next;
 } mm_job;
@@ -1012,8 +1012,7 @@ static void mm_quant_blocks(mm_job *j, int64_t b0, int64_t b1) {
 
 static void mm_quant_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    const int64_t nbt = j->K / kv_type_traits_get(j->vt)->blck;
-    mm_quant_blocks(j, nbt * ith / nth, nbt * (ith + 1) / nth);
+    mm_quant_blocks(j, j->nq * ith / nth, j->nq * (ith + 1) / nth);
 }
 
 /* Rows [r0, r1) of part p for all tokens, tiles of tr rows x tt tokens (x 8
@@ -1066,7 +1065,7 @@ static void matmul_parts(kv_pool *pool, int vt, mm_part *parts, int nparts, int6
     memset(&j, 0, sizeof j);
     j.k = k;
     j.K = K, j.T = T, j.xs = xs, j.x = x, j.vt = vt;
-    j.parts = parts, j.nparts = nparts;
+    j.parts = parts;
     if (vt == KV_TYPE_F32) {
         j.X = (uint8_t *)x; /* row stride K floats = xs bytes */
     } else {
@@ -1087,10 +1086,11 @@ static void matmul_parts(kv_pool *pool, int vt, mm_part *parts, int nparts, int6
             j.t8 = 0;
         }
         /* threads split the blocks: worth a dispatch from 4 tokens a thread */
-        if (nth > 1 && T >= 4 * nth && K / kv_type_traits_get(vt)->blck >= nth)
+        j.nq = K / kv_type_traits_get(vt)->blck;
+        if (nth > 1 && T >= 4 * nth && j.nq >= nth)
             kv_pool_run(pool, mm_quant_task, &j);
         else
-            mm_quant_blocks(&j, 0, K / kv_type_traits_get(vt)->blck);
+            mm_quant_blocks(&j, 0, j.nq);
     }
 
     /* Row chunks: about 4 per thread (dynamic balance), rounded to the tile
@@ -1130,7 +1130,8 @@ static bool mm_part_init(mm_part *p, int wtype, const void *W, int64_t rows, int
 void kv_matmul(kv_pool *pool, int wtype, const void *W, int64_t rows, int64_t K,
                const float *x, int64_t T, float *y, int64_t ldy, void *scratch) {
     mm_part p;
-    if (mm_part_init(&p, wtype, W, rows, K, y, ldy, T)) matmul_parts(pool, kv_vec_dot_type(wtype), &p, 1, K, x, T, scratch);
+    if (mm_part_init(&p, wtype, W, rows, K, y, ldy, T))
+        matmul_parts(pool, kv_vec_dot_type(wtype), &p, 1, K, x, T, scratch);
 }
 
 void kv_matmul_n(kv_pool *pool, int n, const kv_mm_out *outs, int64_t K, const float *x, int64_t T, void *scratch) {

@@ -597,9 +597,10 @@ KV_INL void tile8_r16(int WT, int64_t nb, const uint8_t *W, size_t ws, const uin
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
-    /* lane L's row: 4 (L % 4) + L / 4 (r16_transpose), L for Q8_0 (r16_transpose32) */
-    const __m512i lane = W32_SIGNED(WT) ? _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                                        : _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    /* lane L's row: 4 (L % 4) + L / 4 (r16_transpose; the map is its own
+     * inverse, so the stores use it too), L for Q8_0 (r16_transpose32) */
+    const __m512i swap = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i lane = W32_SIGNED(WT) ? _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) : swap;
     const __m512i roff = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)ws));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
@@ -658,10 +659,9 @@ KV_INL void tile8_r16(int WT, int64_t nb, const uint8_t *W, size_t ws, const uin
         }
     }
     /* row R = 4j + i sits in lane 4i + j (Q8_0: in lane R) */
-    const __m512i back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 #pragma GCC unroll 8
     for (int t = 0; t < 8; t++)
-        if (t < nt) _mm512_storeu_ps(y + t * ldy, W32_SIGNED(WT) ? acc[t] : _mm512_permutexvar_ps(back, acc[t]));
+        if (t < nt) _mm512_storeu_ps(y + t * ldy, W32_SIGNED(WT) ? acc[t] : _mm512_permutexvar_ps(swap, acc[t]));
 }
 #endif
 
@@ -923,6 +923,11 @@ KV_INL void k45_block(int NT, const uint8_t *qs, const uint8_t *qh, __m256i sc,
 }
 
 #if KV_VNNI
+/* lane l + lane l + 8 of v */
+KV_INL __m256i fold512_epi32(__m512i v) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
 /* k45_block with 512-bit vectors for 8 tokens (a batched decode step): the
  * low and high nibbles of qs[32 j ..] (sub-blocks 2j, 2j + 1) side by side,
  * against the token's 64 quants of those sub-blocks, so one vpmaddubsw and
@@ -955,9 +960,7 @@ KV_INL void k45_block_z8(const uint8_t *qs, const uint8_t *qh, __m256i sc, const
         }
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < 8; t++)
-        isum[t] = _mm256_add_epi32(_mm512_castsi512_si256(z[t]), _mm512_extracti64x4_epi64(z[t], 1)),
-        isum[8 + t] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) isum[t] = fold512_epi32(z[t]), isum[8 + t] = _mm256_setzero_si256();
 }
 #endif
 
@@ -1061,11 +1064,11 @@ KV_INL void tile_q6k(int NT, int64_t nb, const uint8_t *W, const uint8_t *X, siz
 #pragma GCC unroll 8
                 for (int t = 0; t < 8; t++) {
                     const int8_t *yq = xb[t]->qs + 128 * h;
-                    __m512i z = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                                    _mm512_maddubs_epi16(w01, _mm512_loadu_si512((const void *)yq)), s01);
-                    z = _mm512_dpwssd_epi32(z, _mm512_maddubs_epi16(w23, _mm512_loadu_si512((const void *)(yq + 64))), s23);
-                    isum[t] = _mm256_add_epi32(isum[t],
-                                               _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64(z, 1)));
+                    const __m512i y01 = _mm512_loadu_si512((const void *)yq);
+                    const __m512i y23 = _mm512_loadu_si512((const void *)(yq + 64));
+                    __m512i z = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w01, y01), s01);
+                    z = _mm512_dpwssd_epi32(z, _mm512_maddubs_epi16(w23, y23), s23);
+                    isum[t] = _mm256_add_epi32(isum[t], fold512_epi32(z));
                 }
                 continue;
             }
@@ -1222,27 +1225,34 @@ KV_INL __m256i q8_block(const float *x, float id) {
     return pack32(a, b, c, d);
 }
 
+/* The 32 floats at x as a Q8_0 / Q8_1 block: the quants, *d the scale. */
+KV_INL __m256i q8_quants(const float *x, float *d) {
+    *d = amax32(x) / 127;
+    return q8_block(x, *d != 0 ? 1.0f / *d : 0.0f);
+}
+
+/* the sum of 32 int8 quants */
+KV_INL int q8_sum(__m256i q) {
+    return hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1)));
+}
+
 static KV_AVX2 void quant_q8_0(const float *x, void *dst, int64_t n) {
     kv_block_q8_0 *b = dst;
     for (int64_t i = 0; i < n / 32; i++, x += 32) {
-        float amax = amax32(x);
-        float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+        float d;
+        _mm256_storeu_si256((__m256i *)b[i].qs, q8_quants(x, &d));
         b[i].d = _cvtss_sh(d, 0);
-        _mm256_storeu_si256((__m256i *)b[i].qs, q8_block(x, id));
     }
 }
 
 static KV_AVX2 void quant_q8_1(const float *x, void *dst, int64_t n) {
     kv_block_q8_1 *b = dst;
     for (int64_t i = 0; i < n / 32; i++, x += 32) {
-        float amax = amax32(x);
-        float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
-        __m256i q = q8_block(x, id);
+        float d;
+        __m256i q = q8_quants(x, &d);
         _mm256_storeu_si256((__m256i *)b[i].qs, q);
-        __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
-        int sum = hsum_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
         b[i].d = _cvtss_sh(d, 0);
-        b[i].s = _cvtss_sh((float)sum * d, 0);
+        b[i].s = _cvtss_sh((float)q8_sum(q) * d, 0);
     }
 }
 
@@ -1251,7 +1261,8 @@ KV_INL void transpose8x8_epi32(__m256i v[8]) {
     __m256i a[8], b[8];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++)
-        a[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]), a[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+        a[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+        a[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
 #pragma GCC unroll 2
     for (int i = 0; i < 2; i++)
 #pragma GCC unroll 2
@@ -1277,12 +1288,9 @@ static KV_AVX2 void quant_x8(const float *x, int64_t ldx, int nt, int64_t b0, in
                 q[t] = _mm256_setzero_si256(), d8[t] = s8[t] = 0.0f, n8[t] = 0;
                 continue;
             }
-            const float *xb = x + t * ldx + 32 * b;
-            float amax = amax32(xb);
-            float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
-            q[t] = q8_block(xb, id);
-            __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q[t]);
-            n8[t] = hsum_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+            float d;
+            q[t] = q8_quants(x + t * ldx + 32 * b, &d);
+            n8[t] = q8_sum(q[t]);
             d8[t] = _cvtsh_ss(_cvtss_sh(d, 0)); /* the scale as stored (f16) */
             s8[t] = d8[t] * (float)n8[t];
         }
