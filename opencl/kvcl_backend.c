@@ -698,8 +698,8 @@ kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e
     if (!S) return kv_fail(e, KV_ERR_NOMEM, "out of memory");
     *b = (kv_backend){
         .name = "opencl", .ctx = S,
-        .alloc = cl_alloc, .free = cl_free, .matmul_scratch = cl_zero_scratch, .matmul = cl_matmul, .matmul_n = cl_matmul_n,
-        .rope_qk = cl_rope_qk,
+        .alloc = cl_alloc, .free = cl_free, .matmul_scratch = cl_zero_scratch, .matmul = cl_matmul,
+        .matmul_n = cl_matmul_n, .rope_qk = cl_rope_qk,
         .rmsnorm = cl_rmsnorm, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .hadamard = cl_hadamard, .ffn_act = cl_ffn_act,
         .softcap = cl_softcap, .embed = cl_embed, .kv_store = cl_kv_store, .attention = cl_attention,
         .attn_scratch = cl_attn_scratch, .all_finite = cl_all_finite, .status = cl_status,

@@ -32,19 +32,29 @@ kv_status kvcl_rmsnorm(kvcl_ctx *c, kvcl_view y, kvcl_view x, kvcl_buf *w, int64
     return kvcl_launch_run(&L, 1, &g, &l, "rmsnorm", e);
 }
 
+/* What both RoPE launches check and pass: the rotation's shape and mode
+ * for T tokens of head_dim, the positions and factors as buffers, and the
+ * CPU's table ratio base^(-2/n_rot), raised by repeated multiplication. */
+static kv_status rope_args(int64_t T, int heads, int head_dim, const kv_rope_params *rp, kvcl_buf *pos,
+                           kvcl_buf *factors, cl_mem *pm, cl_mem *fm, float *theta_scale, kv_error *e) {
+    if (T <= 0 || heads <= 0 || rp->n_rot <= 0 || rp->n_rot % 2 || rp->n_rot > head_dim)
+        return kv_fail(e, KV_ERR_ARG, "rope: bad shape (T %lld, heads %d, head_dim %d, n_rot %d)", (long long)T,
+                       heads, head_dim, rp->n_rot);
+    if (rp->mode != KV_ROPE_NORM && rp->mode != KV_ROPE_NEOX) return kv_fail(e, KV_ERR_ARG, "rope: mode %d", rp->mode);
+    if (kvcl_view_mem(kvcl_at(pos, 0), (size_t)T, "rope positions", pm, e) != KV_OK) return KV_ERR_ARG;
+    *fm = NULL;
+    if (factors && kvcl_view_mem(kvcl_at(factors, 0), (size_t)rp->n_rot / 2, "rope factors", fm, e) != KV_OK)
+        return KV_ERR_ARG;
+    *theta_scale = powf(rp->freq_base, -2.0f / (float)rp->n_rot);
+    return KV_OK;
+}
+
 kv_status kvcl_rope(kvcl_ctx *c, kvcl_view x, int64_t T, int n_head, int head_dim, kvcl_buf *pos,
                     const kv_rope_params *rp, kvcl_buf *factors, kv_error *e) {
-    cl_mem xm, pm, fm = NULL;
-    if (T <= 0 || n_head <= 0 || rp->n_rot <= 0 || rp->n_rot % 2 || rp->n_rot > head_dim)
-        return kv_fail(e, KV_ERR_ARG, "rope: bad shape (T %lld, heads %d, head_dim %d, n_rot %d)", (long long)T,
-                       n_head, head_dim, rp->n_rot);
-    if (rp->mode != KV_ROPE_NORM && rp->mode != KV_ROPE_NEOX) return kv_fail(e, KV_ERR_ARG, "rope: mode %d", rp->mode);
+    cl_mem xm, pm, fm;
+    float theta_scale;
+    if (rope_args(T, n_head, head_dim, rp, pos, factors, &pm, &fm, &theta_scale, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(x, (size_t)T * n_head * head_dim, "rope", &xm, e) != KV_OK) return KV_ERR_ARG;
-    if (kvcl_view_mem(kvcl_at(pos, 0), (size_t)T, "rope positions", &pm, e) != KV_OK) return KV_ERR_ARG;
-    if (factors && kvcl_view_mem(kvcl_at(factors, 0), (size_t)rp->n_rot / 2, "rope factors", &fm, e) != KV_OK)
-        return KV_ERR_ARG;
-    /* the CPU's table: base^(-2/n_rot), raised by repeated multiplication */
-    const float theta_scale = powf(rp->freq_base, -2.0f / (float)rp->n_rot);
     kvcl_launch L = kvcl_launch_begin(c, c->rope);
     kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off), kvcl_arg_mem(&L, pm);
     kvcl_arg_int(&L, n_head), kvcl_arg_int(&L, head_dim), kvcl_arg_int(&L, rp->n_rot);
@@ -56,23 +66,20 @@ kv_status kvcl_rope(kvcl_ctx *c, kvcl_view x, int64_t T, int n_head, int head_di
 
 kv_status kvcl_rope_qk(kvcl_ctx *c, kvcl_view q, kvcl_view k, int64_t T, int n_head, int n_kv, int head_dim,
                        kvcl_buf *pos, const kv_rope_params *rp, kvcl_buf *factors, float q_scale, kv_error *e) {
-    cl_mem qm, km, pm, fm = NULL;
-    if (T <= 0 || n_head <= 0 || n_kv <= 0 || rp->n_rot <= 0 || rp->n_rot % 2 || rp->n_rot > head_dim || head_dim % 2)
-        return kv_fail(e, KV_ERR_ARG, "rope: bad shape (T %lld, heads %d / %d, head_dim %d, n_rot %d)", (long long)T,
-                       n_head, n_kv, head_dim, rp->n_rot);
-    if (rp->mode != KV_ROPE_NORM && rp->mode != KV_ROPE_NEOX) return kv_fail(e, KV_ERR_ARG, "rope: mode %d", rp->mode);
+    cl_mem qm, km, pm, fm;
+    float theta_scale;
+    if (n_kv <= 0 || head_dim % 2) /* items take pairs of the unrotated elements too */
+        return kv_fail(e, KV_ERR_ARG, "rope: %d key heads, head_dim %d", n_kv, head_dim);
+    if (rope_args(T, n_head, head_dim, rp, pos, factors, &pm, &fm, &theta_scale, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(q, (size_t)T * n_head * head_dim, "rope q", &qm, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(k, (size_t)T * n_kv * head_dim, "rope k", &km, e) != KV_OK) return KV_ERR_ARG;
-    if (kvcl_view_mem(kvcl_at(pos, 0), (size_t)T, "rope positions", &pm, e) != KV_OK) return KV_ERR_ARG;
-    if (factors && kvcl_view_mem(kvcl_at(factors, 0), (size_t)rp->n_rot / 2, "rope factors", &fm, e) != KV_OK)
-        return KV_ERR_ARG;
     if (kvcl_check(c, e) != KV_OK) return c->failed;
-    const float theta_scale = powf(rp->freq_base, -2.0f / (float)rp->n_rot); /* as kvcl_rope */
     kvcl_launch L = kvcl_launch_begin(c, c->rope_qk);
     kvcl_arg_mem(&L, qm), kvcl_arg_ulong(&L, q.off), kvcl_arg_mem(&L, km), kvcl_arg_ulong(&L, k.off);
     kvcl_arg_mem(&L, pm), kvcl_arg_int(&L, n_head), kvcl_arg_int(&L, n_kv), kvcl_arg_int(&L, head_dim);
     kvcl_arg_int(&L, rp->n_rot), kvcl_arg_int(&L, rp->mode == KV_ROPE_NEOX), kvcl_arg_float(&L, theta_scale);
-    kvcl_arg_float(&L, rp->freq_scale), kvcl_arg_mem(&L, fm), kvcl_arg_float(&L, q_scale), kvcl_arg_mem(&L, c->flag);
+    kvcl_arg_float(&L, rp->freq_scale), kvcl_arg_mem(&L, fm), kvcl_arg_float(&L, q_scale);
+    kvcl_arg_mem(&L, c->flag);
     size_t g[2] = {kvcl_round_up((size_t)head_dim / 2, 16), (size_t)T}, l[2] = {16, 1};
     return kvcl_launch_run(&L, 2, g, l, "rope", e);
 }
