@@ -4,7 +4,8 @@
  *
  *   GEMV     gemv_<type> / gemv_wg_<type>: one pass over the weight per
  *            token; the decode path (T = 1).
- *   TILED    tiled_<type>: each weight sub-block decoded once for 8 tokens.
+ *   TILED    tiled_<type>: each weight block decoded once for 4 tokens (two
+ *            rows an item) or, K-quants, 8 tokens (one row).
  *   CLBLAST  tiles of rows dequantized to float (deq_<type>) into scratch,
  *            then CLBlast's SGEMM; F32 weights go to SGEMM directly.
  *
@@ -30,6 +31,7 @@
 #define GEMV_ROWS 32       /* rows per work-group of gemv_<type> and tiled_<type> */
 #define GEMV_GROUP 64      /* = GEMV_GROUP in matmul.cl */
 #define MM_TOKENS 8        /* = MM_TOKENS in matmul.cl */
+#define MM_PAIR_TOKENS 4   /* = MM_PAIR_TOKENS in matmul.cl */
 #define DEQ_TILE (64 << 20) /* bytes of float weights per CLBlast tile at most */
 
 /* ==== weights =================================================================== */
@@ -116,12 +118,20 @@ static kv_status mm_gemv(const mm_call *m, kv_error *e) {
     return KV_OK;
 }
 
+/* whether tiled_<type> takes two rows an item (MM_PAIR_TOKENS tokens): the
+ * formats of 32-element blocks (block_elems in blocks.cl) */
+static bool tiled_pairs(int type) {
+    return type != KV_TYPE_Q4_K && type != KV_TYPE_Q5_K && type != KV_TYPE_Q6_K;
+}
+
 static kv_status mm_tiled(const mm_call *m, kv_error *e) {
     for (int p = 0; p < m->w->buf->n_parts; p++) {
         int64_t row0, rows = part_rows(m, p, &row0);
         kvcl_launch L = gemv_args(m, m->c->mm[m->w->type].tiled, p, rows, row0);
         kvcl_arg_int(&L, (int)m->T);
-        size_t g[2] = {kvcl_round_up((size_t)rows, GEMV_ROWS), (size_t)(m->T + MM_TOKENS - 1) / MM_TOKENS};
+        const bool pair = tiled_pairs(m->w->type);
+        const size_t items = pair ? (size_t)(rows + 1) / 2 : (size_t)rows, tokens = pair ? MM_PAIR_TOKENS : MM_TOKENS;
+        size_t g[2] = {kvcl_round_up(items, GEMV_ROWS), (size_t)(m->T + tokens - 1) / tokens};
         size_t l[2] = {GEMV_ROWS, 1};
         if (kvcl_launch_run(&L, 2, g, l, "tiled matmul", e) != KV_OK) return m->c->failed;
     }

@@ -10,8 +10,9 @@
  *   gemv_wg_<type>  decode for GPUs: one work-group per (row, token), its
  *                   items take sub-blocks in turn (neighbouring items read
  *                   neighbouring blocks), a tree sum in local memory.
- *   tiled_<type>    prefill: one item per (row, 8 tokens); each block is
- *                   decoded once and used for the 8 tokens.
+ *   tiled_<type>    prefill: one item per (2 rows, 4 tokens) (tiled_pair), or
+ *                   for K-quants per (row, 8 tokens) (tiled); each block is
+ *                   decoded once and used for all the item's tokens.
  *   deq_<type>      rows to float (the CLBlast path's tiles; the embedding
  *                   lookup with an id list).
  *
@@ -24,7 +25,8 @@
  */
 #pragma OPENCL FP_CONTRACT ON
 
-#define MM_TOKENS 8   /* tokens per item of tiled_<type> */
+#define MM_TOKENS 8   /* tokens per item of tiled (K-quants) */
+#define MM_PAIR_TOKENS 4 /* tokens per item of tiled_pair (the other formats) */
 #define GEMV_GROUP 64 /* work-group size of gemv_wg_<type> */
 
 /* The order of the sums, shared by row_dot and tiled (a token gets the
@@ -187,6 +189,51 @@ KV_INL void tiled(const int type, GEMV_PARAMS, int T) {
     }
 }
 
+/* item (rp, tb): rows 2 rp and 2 rp + 1 (when < rows), tokens
+ * MM_PAIR_TOKENS tb .. (< T), for the formats of 32-element blocks: each
+ * activation vector serves both rows (a third of the loads per product of
+ * tiled; twice the prefill rate on CPU drivers), the same order of the
+ * sums per (row, token). Tokens past T read token T - 1 and are not stored. */
+KV_INL void tiled_pair(const int type, GEMV_PARAMS, int T) {
+    const int ra = 2 * get_global_id(0), t0 = get_global_id(1) * MM_PAIR_TOKENS;
+    if (ra >= rows) return;
+    const int rb = min(ra + 1, rows - 1); /* a last odd row computes itself twice */
+    const global uchar *wa = W + ra * row_bytes, *wb = W + rb * row_bytes;
+    const global float *xt[MM_PAIR_TOKENS];
+    for (int k = 0; k < MM_PAIR_TOKENS; k++) xt[k] = x + xoff + (ulong)min(t0 + k, T - 1) * cols;
+    const int nb = cols / 32;
+    float16 a0[MM_PAIR_TOKENS], a1[MM_PAIR_TOKENS], b0[MM_PAIR_TOKENS], b1[MM_PAIR_TOKENS], va[16], vb[16];
+    for (int k = 0; k < MM_PAIR_TOKENS; k++) a0[k] = a1[k] = b0[k] = b1[k] = 0.0f;
+    for (int b = 0; b < nb; b++) { /* row_dot's order of the sums, for each (row, token) */
+        deq_block(type, wa, b, va);
+        deq_block(type, wb, b, vb);
+        if (b & 1)
+#pragma unroll
+            for (int k = 0; k < MM_PAIR_TOKENS; k++) {
+                const float16 x0 = vload16(0, xt[k] + 32 * b), x1 = vload16(1, xt[k] + 32 * b);
+                a1[k] = fma(va[1], x1, fma(va[0], x0, a1[k]));
+                b1[k] = fma(vb[1], x1, fma(vb[0], x0, b1[k]));
+            }
+        else
+#pragma unroll
+            for (int k = 0; k < MM_PAIR_TOKENS; k++) {
+                const float16 x0 = vload16(0, xt[k] + 32 * b), x1 = vload16(1, xt[k] + 32 * b);
+                a0[k] = fma(va[1], x1, fma(va[0], x0, a0[k]));
+                b0[k] = fma(vb[1], x1, fma(vb[0], x0, b0[k]));
+            }
+    }
+    for (int k = 0; k < MM_PAIR_TOKENS && t0 + k < T; k++) {
+        global float *yt = y + yoff + (ulong)(t0 + k) * ldy + row0;
+        float sa = hsum16(a0[k] + a1[k]), sb = hsum16(b0[k] + b1[k]);
+        for (int i = 32 * nb; i < cols; i++) { /* the tail of a float row */
+            sa = fma(deq1(type, wa, i), xt[k][i], sa);
+            sb = fma(deq1(type, wb, i), xt[k][i], sb);
+        }
+        yt[ra] = bias ? sa + bias[row0 + ra] : sa;
+        if (ra + 1 < rows) yt[rb] = bias ? sb + bias[row0 + rb] : sb;
+    }
+}
+
 /* item (b, i): block b (deq_block) of output row i (b == cols / 32: the
  * tail of a float row). The source row is first + i, or with ids, ids[i] -
  * row0 when that falls in this part [row0, row0 + rows) (otherwise another
@@ -227,7 +274,10 @@ KV_INL void deq(const int type, global const uchar *W, ulong row_bytes, int rows
         local float part[GEMV_GROUP];                                                      \
         gemv_wg(TYPE, GEMV_ARGS, part);                                                    \
     }                                                                                      \
-    kernel void tiled_##name(GEMV_PARAMS, int T) { tiled(TYPE, GEMV_ARGS, T); }            \
+    kernel void tiled_##name(GEMV_PARAMS, int T) {                                         \
+        if (block_elems(TYPE) == 32) tiled_pair(TYPE, GEMV_ARGS, T);                       \
+        else tiled(TYPE, GEMV_ARGS, T);                                                    \
+    }                                                                                      \
     kernel void gemv3_##name(GEMV3_PARAMS) {                                               \
         gemv3(TYPE, W0, W1, W2, row_bytes, n0, n1, n2, cols, x, xoff, y0, y0off, y1, y1off, y2, y2off, b0, b1, b2); \
     }                                                                                      \
