@@ -127,6 +127,16 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
             snprintf(name, sizeof name, "%s_%s", kinds[j].prefix, k_types[i].suffix);
             if (kernel(c, name, kinds[j].k, e) != KV_OK) return KV_ERR_DEVICE;
         }
+        const int ty = k_types[i].type;
+        if (ty != KV_TYPE_Q4_0 && ty != KV_TYPE_Q4_1 && ty != KV_TYPE_Q8_0) continue;
+        const struct {
+            const char *prefix;
+            cl_kernel *k;
+        } i8[] = {{"gemv_i8", &t->gemv_i8}, {"gemv3_i8", &t->gemv3_i8}, {"tiled_i8", &t->tiled_i8}};
+        for (size_t j = 0; j < sizeof i8 / sizeof i8[0]; j++) {
+            snprintf(name, sizeof name, "%s_%s", i8[j].prefix, k_types[i].suffix);
+            if (kernel(c, name, i8[j].k, e) != KV_OK) return KV_ERR_DEVICE;
+        }
     }
     const struct {
         const char *name;
@@ -136,10 +146,26 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
         {"scale", &c->scale},           {"softcap", &c->softcap}, {"add_bias", &c->add_bias},
         {"ffn_act", &c->ffn_act},       {"all_finite", &c->all_finite}, {"kv_store", &c->kv_store},
         {"attention", &c->attention},   {"attention_merge", &c->attention_merge},
-        {"hadamard", &c->hadamard},
+        {"hadamard", &c->hadamard},     {"quant_x", &c->quant_x},
     };
     for (size_t j = 0; j < sizeof named / sizeof named[0]; j++)
         if (kernel(c, named[j].name, named[j].k, e) != KV_OK) return KV_ERR_DEVICE;
+    return KV_OK;
+}
+
+/* c->int_dot: whether the program's integer kernels compute (int_dot_caps,
+ * run once); the work-group GEMV (GPUs) keeps the float kernels */
+static kv_status probe_int_dot(kvcl_ctx *c, kv_error *e) {
+    cl_kernel k;
+    if (kernel(c, "int_dot_caps", &k, e) != KV_OK) return KV_ERR_DEVICE;
+    cl_int on = 0;
+    size_t g = 1;
+    cl_int err = clSetKernelArg(k, 0, sizeof(cl_mem), &c->flag);
+    if (err == CL_SUCCESS) err = clEnqueueNDRangeKernel(c->q, k, 1, NULL, &g, NULL, 0, NULL, NULL);
+    if (err == CL_SUCCESS) err = clEnqueueReadBuffer(c->q, c->flag, CL_TRUE, 0, sizeof on, &on, 0, NULL, NULL);
+    clReleaseKernel(k);
+    if (err != CL_SUCCESS) return kv_fail(e, kvcl_status_of(err), "OpenCL int_dot_caps: %s", kvcl_errstr(err));
+    c->int_dot = on == 1 && c->gemv == KVCL_GEMV_ROW;
     return KV_OK;
 }
 
@@ -192,6 +218,7 @@ kv_status kvcl_open(const kvcl_options *o, kvcl_ctx **out, kv_error *e) {
     if (st == KV_OK) st = open_queue(c, e);
     if (st == KV_OK) st = kvcl_program_load(c, o, e);
     if (st == KV_OK) st = create_kernels(c, e);
+    if (st == KV_OK) st = probe_int_dot(c, e);
     if (st != KV_OK) {
         kvcl_close(c);
         return st;
@@ -204,13 +231,14 @@ void kvcl_close(kvcl_ctx *c) {
     if (!c) return;
     if (c->q) clFinish(c->q);
     for (int t = 0; t < KV_TYPE_COUNT; t++) {
-        cl_kernel *k[] = {&c->mm[t].gemv, &c->mm[t].gemv_wg, &c->mm[t].tiled, &c->mm[t].deq, &c->mm[t].gemv3};
+        cl_kernel *k[] = {&c->mm[t].gemv,  &c->mm[t].gemv_wg, &c->mm[t].tiled,   &c->mm[t].deq,
+                          &c->mm[t].gemv3, &c->mm[t].gemv_i8, &c->mm[t].gemv3_i8, &c->mm[t].tiled_i8};
         for (size_t j = 0; j < sizeof k / sizeof k[0]; j++)
             if (*k[j]) clReleaseKernel(*k[j]);
     }
     cl_kernel named[] = {c->rmsnorm,  c->rope,     c->rope_qk,   c->add,       c->scale,
                          c->softcap,  c->add_bias, c->ffn_act,   c->all_finite,
-                         c->kv_store, c->attention, c->attention_merge, c->hadamard};
+                         c->kv_store, c->attention, c->attention_merge, c->hadamard, c->quant_x};
     for (size_t j = 0; j < sizeof named / sizeof named[0]; j++)
         if (named[j]) clReleaseKernel(named[j]);
     if (c->prog) clReleaseProgram(c->prog);
@@ -222,5 +250,7 @@ void kvcl_close(kvcl_ctx *c) {
 }
 
 const kvcl_device_info *kvcl_ctx_device(const kvcl_ctx *c) { return &c->info; }
+
+bool kvcl_ctx_int_dot(const kvcl_ctx *c) { return c->int_dot; }
 
 bool kvcl_ctx_from_cache(const kvcl_ctx *c) { return c->from_cache; }

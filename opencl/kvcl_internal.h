@@ -28,9 +28,11 @@ extern const int kvcl_kernel_count;
 
 /* ---- context ---- */
 
-/* the kernels of one weight type (matmul.cl) */
+/* the kernels of one weight type (matmul.cl; the *_i8 ones matmul_i8.cl,
+ * for Q4_0, Q4_1 and Q8_0, NULL for the others) */
 typedef struct {
     cl_kernel gemv, gemv_wg, tiled, deq, gemv3;
+    cl_kernel gemv_i8, gemv3_i8, tiled_i8;
 } kvcl_type_kernels;
 
 struct kvcl_ctx {
@@ -43,12 +45,13 @@ struct kvcl_ctx {
     uint64_t max_alloc;   /* bytes per buffer part */
     int gemv;             /* KVCL_GEMV_ROW / GROUP */
     int prefill;          /* KVCL_MM_TILED / CLBLAST (kvcl_ops.h), chosen by kvcl_prefill_choose */
+    bool int_dot;         /* the *_i8 kernels compute (an x86 CPU driver, gemv ROW): their types use them */
     char cache_dir[1024]; /* "" : no cache */
     unsigned char dev_key[32]; /* hash of the device's identity (cache file names) */
 
     kvcl_type_kernels mm[KV_TYPE_COUNT];
     cl_kernel rmsnorm, rope, rope_qk, add, scale, softcap, add_bias, ffn_act, all_finite, hadamard;
-    cl_kernel kv_store, attention, attention_merge;
+    cl_kernel kv_store, attention, attention_merge, quant_x;
 
     uint64_t in_use;      /* bytes of buffers (and scratch) allocated, at most info.memory */
     cl_mem scratch;       /* grows on demand: CLBlast tiles, attention partials */

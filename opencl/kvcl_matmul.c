@@ -206,6 +206,64 @@ static kv_status mm_clblast(const mm_call *m, kv_error *e) {
 }
 #endif
 
+/* ==== integer dot products (matmul_i8.cl) ======================================= */
+
+#define I8_GROUP 16 /* = I8_GROUP in matmul_i8.cl */
+#define I8_RECORD 52 /* bytes of a token's quantized x per block (matmul_i8.cl) */
+
+/* blocks of a token's record: cols / 32 rounded up to I8_GROUP */
+static int64_t i8_blocks(int64_t cols) { return (cols / 32 + I8_GROUP - 1) / I8_GROUP * I8_GROUP; }
+
+/* whether products with weights of this type and width take the *_i8
+ * kernels (a token's record must fit one buffer) */
+static bool int_path(const kvcl_ctx *c, const kvcl_weight *w) {
+    return c->int_dot && c->mm[w->type].gemv_i8 && (uint64_t)i8_blocks(w->cols) * I8_RECORD <= c->max_alloc;
+}
+
+/* tokens [t, t + n) of x (cols wide, at xm + xoff) quantized into the scratch buffer (*xr) */
+static kv_status quantize_x(kvcl_ctx *c, cl_mem xm, size_t xoff, int64_t cols, int64_t n, cl_mem *xr,
+                            kv_error *e) {
+    const int64_t nbx = i8_blocks(cols);
+    kv_status st = kvcl_scratch(c, (size_t)(n * nbx * I8_RECORD), xr, e);
+    if (st != KV_OK) return st;
+    kvcl_launch L = kvcl_launch_begin(c, c->quant_x);
+    kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, xoff), kvcl_arg_int(&L, (int)cols);
+    kvcl_arg_mem(&L, *xr), kvcl_arg_int(&L, (int)nbx);
+    size_t g[2] = {(size_t)nbx / 2, (size_t)n}, l[2] = {I8_GROUP / 2, 1};
+    return kvcl_launch_run(&L, 2, g, l, "quantize x", e);
+}
+
+/* GEMV (one item per row and token) or tiled (MM_TOKENS tokens an item)
+ * through the integer kernels, as many tokens at a time as the scratch
+ * buffer holds */
+static kv_status mm_i8(const mm_call *m, bool tiled, kv_error *e) {
+    kvcl_ctx *c = m->c;
+    const int64_t cols = m->w->cols, nbx = i8_blocks(cols);
+    int64_t per = (int64_t)(c->max_alloc / ((uint64_t)nbx * I8_RECORD));
+    if (per > m->T) per = m->T;
+    for (int64_t t = 0; t < m->T; t += per) {
+        const int64_t n = m->T - t < per ? m->T - t : per;
+        cl_mem xr;
+        kv_status st = quantize_x(c, m->x, m->xoff + (size_t)(t * cols), cols, n, &xr, e);
+        if (st != KV_OK) return st;
+        for (int p = 0; p < m->w->buf->n_parts; p++) {
+            int64_t row0, rows = part_rows(m, p, &row0);
+            const kvcl_type_kernels *k = &c->mm[m->w->type];
+            kvcl_launch L = kvcl_launch_begin(c, tiled ? k->tiled_i8 : k->gemv_i8);
+            kvcl_arg_mem(&L, m->w->buf->parts[p]), kvcl_arg_ulong(&L, m->w->row_bytes);
+            kvcl_arg_int(&L, (int)rows), kvcl_arg_int(&L, (int)cols);
+            kvcl_arg_mem(&L, xr), kvcl_arg_int(&L, (int)nbx);
+            kvcl_arg_mem(&L, m->y), kvcl_arg_ulong(&L, m->yoff + (size_t)(t * m->ldy)), kvcl_arg_int(&L, (int)m->ldy);
+            kvcl_arg_mem(&L, m->bias), kvcl_arg_int(&L, (int)row0);
+            if (tiled) kvcl_arg_int(&L, (int)n);
+            size_t g[2] = {kvcl_round_up((size_t)rows, GEMV_ROWS), tiled ? (size_t)(n + MM_TOKENS - 1) / MM_TOKENS : (size_t)n};
+            size_t l[2] = {GEMV_ROWS, 1};
+            if (kvcl_launch_run(&L, 2, g, l, tiled ? "tiled matmul" : "gemv", e) != KV_OK) return c->failed;
+        }
+    }
+    return KV_OK;
+}
+
 /* ==== entry points ================================================================ */
 
 kv_status kvcl_matmul_with(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf *bias, kvcl_view x, int64_t T,
@@ -221,6 +279,7 @@ kv_status kvcl_matmul_with(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf
     if (bias && kvcl_view_mem(kvcl_at(bias, 0), (size_t)w->rows, "matmul bias", &m.bias, e) != KV_OK)
         return KV_ERR_ARG;
     if (path == KVCL_MM_AUTO) path = T == 1 ? KVCL_MM_GEMV : c->prefill;
+    if (path != KVCL_MM_CLBLAST && int_path(c, w)) return mm_i8(&m, path == KVCL_MM_TILED, e);
     switch (path) {
     case KVCL_MM_GEMV: return mm_gemv(&m, e);
     case KVCL_MM_TILED: return mm_tiled(&m, e);
@@ -259,12 +318,19 @@ kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_bu
         if (bias[i] && kvcl_view_mem(kvcl_at(bias[i], 0), (size_t)rows[i], "matmul bias", &bm[i], e) != KV_OK)
             return KV_ERR_ARG;
     }
-    kvcl_launch L = kvcl_launch_begin(c, c->mm[w[0]->type].gemv3);
+    const bool i8 = int_path(c, w[0]);
+    cl_mem xr = NULL;
+    if (i8) {
+        kv_status st = quantize_x(c, xm, x.off, w[0]->cols, 1, &xr, e);
+        if (st != KV_OK) return st;
+    }
+    kvcl_launch L = kvcl_launch_begin(c, i8 ? c->mm[w[0]->type].gemv3_i8 : c->mm[w[0]->type].gemv3);
     for (int i = 0; i < 3; i++) kvcl_arg_mem(&L, w[i < n ? i : 0]->buf->parts[0]);
     kvcl_arg_ulong(&L, w[0]->row_bytes);
     for (int i = 0; i < 3; i++) kvcl_arg_int(&L, (int)rows[i]);
     kvcl_arg_int(&L, (int)w[0]->cols);
-    kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off);
+    if (i8) kvcl_arg_mem(&L, xr), kvcl_arg_int(&L, (int)i8_blocks(w[0]->cols));
+    else kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off);
     for (int i = 0; i < 3; i++) kvcl_arg_mem(&L, ym[i < n ? i : 0]), kvcl_arg_ulong(&L, yoff[i]);
     for (int i = 0; i < 3; i++) kvcl_arg_mem(&L, bm[i]);
     size_t g[1] = {kvcl_round_up((size_t)total, GEMV_ROWS)}, l[1] = {GEMV_ROWS};

@@ -324,6 +324,60 @@ typedef struct {
     int64_t pad; /* ldy = rows + pad, and view offsets */
 } mm_case;
 
+/* whether c computes this product with integer dot products (matmul_i8.cl) */
+static bool int_case(const kvcl_ctx *c, const mm_case *k) {
+    return kvcl_ctx_int_dot(c) && k->path != KVCL_MM_CLBLAST &&
+           (k->type == KV_TYPE_Q4_0 || k->type == KV_TYPE_Q4_1 || k->type == KV_TYPE_Q8_0);
+}
+
+/* The integer path's exact result in float64 (and its magnitude): x
+ * quantized as quant_x does it (per 32: d = amax / 127, q = rint(x / d)
+ * through 1 / d, d rounded to f16), each weight block taken apart into d,
+ * quants and offset (Q4_0: -8 d) or min (Q4_1); y = sum over blocks of
+ * d dx sum(qw qx) + (offset or min) dx sum(qx). The device's float steps
+ * (the scale products, the fma chains over pairs of blocks, the lane and
+ * correction sums) stay within gamma(cols / 32 + 16) of mag. */
+static void ref_matmul_i8(int type, const uint8_t *bytes, int64_t rows, int64_t cols, const float *x, int64_t T,
+                          const float *bias, double *y, double *mag) {
+    const size_t rb = kv_row_size(type, cols), bb = kv_type_traits_get(type)->type_size;
+    const int64_t nb = cols / 32;
+    int *qx = xmalloc(sizeof(int) * cols);
+    double *dx = xmalloc(sizeof(double) * nb);
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = x + t * cols;
+        for (int64_t b = 0; b < nb; b++) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xt[32 * b + i]));
+            const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
+            for (int i = 0; i < 32; i++) qx[32 * b + i] = (int)rintf(xt[32 * b + i] * id);
+            dx[b] = kv_f16_to_f32(kv_f32_to_f16(d));
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            double s = bias ? bias[r] : 0.0, m = bias ? fabs(bias[r]) : 0.0;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = bytes + r * rb + b * bb;
+                uint16_t h;
+                memcpy(&h, blk, 2);
+                const double dw = kv_f16_to_f32(h);
+                double off = 0.0;
+                if (type == KV_TYPE_Q4_0) off = -8.0 * dw;
+                if (type == KV_TYPE_Q4_1) memcpy(&h, blk + 2, 2), off = kv_f16_to_f32(h);
+                const uint8_t *nib = blk + (type == KV_TYPE_Q4_1 ? 4 : 2);
+                double dot = 0.0, adot = 0.0, sq = 0.0;
+                for (int i = 0; i < 32; i++) {
+                    const int qw = type == KV_TYPE_Q8_0 ? (int8_t)blk[2 + i] : i < 16 ? nib[i] & 15 : nib[i - 16] >> 4;
+                    dot += (double)qw * qx[32 * b + i], adot += fabs((double)qw * qx[32 * b + i]);
+                    sq += qx[32 * b + i];
+                }
+                s += dw * dx[b] * dot + off * dx[b] * sq;
+                m += fabs(dw * dx[b]) * adot + fabs(off * dx[b] * sq);
+            }
+            y[t * rows + r] = s, mag[t * rows + r] = m;
+        }
+    }
+    free(qx), free(dx);
+}
+
 /* one product on the device against the float64 reference; returns the
  * device output (T, rows) (caller frees) for further comparison */
 static float *check_matmul(kvcl_ctx *c, const char *label, const mm_case *k, const uint8_t *bytes, const float *deq,
@@ -341,8 +395,10 @@ static float *check_matmul(kvcl_ctx *c, const char *label, const mm_case *k, con
     double *ref = xmalloc(sizeof(double) * T * rows), *mag = xmalloc(sizeof(double) * T * rows);
     if (st == KV_OK) get_floats(c, yb, k->pad, yd, (T - 1) * ldy + rows);
     for (int64_t t = 0; t < T; t++) memcpy(got + t * rows, yd + t * ldy, sizeof(float) * rows);
-    ref_matmul(deq, rows, cols, x, T, k->bias ? bias : NULL, ref, mag);
-    const double g = path_gamma(k->path, cols);
+    const bool i8 = int_case(c, k);
+    if (i8) ref_matmul_i8(k->type, bytes, rows, cols, x, T, k->bias ? bias : NULL, ref, mag);
+    else ref_matmul(deq, rows, cols, x, T, k->bias ? bias : NULL, ref, mag);
+    const double g = i8 ? ((double)cols / 32 + 16) * U_F32 : path_gamma(k->path, cols);
     int bad = 0;
     double worst = 0; /* largest error / bound */
     for (int64_t i = 0; i < T * rows; i++) {
@@ -351,9 +407,9 @@ static float *check_matmul(kvcl_ctx *c, const char *label, const mm_case *k, con
         if (err / bound > worst) worst = err / bound;
     }
     char name[200];
-    snprintf(name, sizeof name, "matmul %s %s %s (%lld x %lld, T %lld%s%s, %d parts): within %.1e |w||x|", label,
-             path_name(c, k->path), tname(k->type), (long long)rows, (long long)cols, (long long)T,
-             k->bias ? ", bias" : "", k->pad ? ", strided" : "", w.buf ? kvcl_buf_parts(w.buf) : 0, g);
+    snprintf(name, sizeof name, "matmul %s %s%s %s (%lld x %lld, T %lld%s%s, %d parts): within %.1e |w||x|", label,
+             path_name(c, k->path), i8 ? " int8" : "", tname(k->type), (long long)rows, (long long)cols,
+             (long long)T, k->bias ? ", bias" : "", k->pad ? ", strided" : "", w.buf ? kvcl_buf_parts(w.buf) : 0, g);
     report(st == KV_OK && bad == 0, name, "%s; %d outputs outside, worst %.2f x the bound", st ? g_err.msg : "", bad,
            worst);
     kvcl_weight_free(&w);
@@ -1025,6 +1081,7 @@ int main(void) {
 
     kvcl_options o = {.cache_dir = g_cache};
     g_c = open_ctx(&o);
+    printf("     (Q4_0, Q4_1, Q8_0 products: %s)\n", kvcl_ctx_int_dot(g_c) ? "integer kernels" : "float kernels");
     /* weights split into parts of at most 32 KiB */
     kvcl_options small = {.cache_dir = g_cache, .max_alloc = 32 << 10};
     kvcl_ctx *split = open_ctx(&small);
@@ -1048,6 +1105,11 @@ int main(void) {
     kvcl_options port = {.cache_dir = g_cache, .portable = true};
     kvcl_ctx *cp = open_ctx(&port);
     test_rmsnorm(cp, " (no fp64)", 8);
+    /* the float kernels of the types the integer path takes elsewhere */
+    report(!kvcl_ctx_int_dot(cp), "portable build: no integer kernels", "it has them");
+    test_matmul_on(cp, "portable", all_paths, 2, true);
+    test_gemv_tiled_same(cp);
+    test_matmul_n(cp);
     kvcl_close(cp);
     test_rope(g_c);
     test_rope_qk(g_c);

@@ -157,15 +157,15 @@ KV_INL float16 f16_bits16(uint16 h) {
     return as_float16(as_uint16(f) | ((h & 0x8000u) << 16));
 }
 
-/* the scales d[k] (and mins m[k]) of 16 consecutive blocks from b of a
- * 32-element format, decoded as 16-lane vectors */
-KV_INL void scales16(const int type, const global uchar *b, float *d, float *m) {
+/* the scales d[k] (and mins m[k]) of the n <= 16 consecutive blocks from
+ * b of a 32-element format, decoded as 16-lane vectors (0 past n) */
+KV_INL void scales16(const int type, const global uchar *b, int n, float *d, float *m) {
     const int bs = bytes32(type);
     ushort hd[16], hm[16];
 #pragma unroll
     for (int k = 0; k < 16; k++) {
-        hd[k] = *(const global ushort *)(b + bs * k);
-        hm[k] = has_min32(type) ? *(const global ushort *)(b + bs * k + 2) : 0;
+        hd[k] = k < n ? *(const global ushort *)(b + bs * k) : 0;
+        hm[k] = has_min32(type) && k < n ? *(const global ushort *)(b + bs * k + 2) : 0;
     }
     vstore16(f16_bits16(convert_uint16(vload16(0, hd))), 0, d);
     if (has_min32(type)) vstore16(f16_bits16(convert_uint16(vload16(0, hm))), 0, m);

@@ -47,7 +47,7 @@ KV_INL float row_dot(const int type, const global uchar *w, const global float *
         for (; b + 16 <= nb; b += 16) {
             float d[16], m[16];
             const global uchar *wb = w + bytes32(type) * b;
-            scales16(type, wb, d, m);
+            scales16(type, wb, 16, d, m);
 #pragma unroll
             for (int k = 0; k < 16; k += 2) {
                 float16 lo, hi;

@@ -1,0 +1,262 @@
+/*
+ * matmul_i8.cl — Q4_0, Q4_1 and Q8_0 products with integer dot products, on
+ * drivers that compile for x86 with AVX2 (PoCL and other CPU drivers): the
+ * activations quantized to 8 bits per block of 32, as the CPU engine does,
+ * and 32 byte products summed by pmaddubsw / pmaddwd. A float kernel spends
+ * a dozen vector instructions to decode and multiply a block; this takes
+ * about four. Elsewhere (GPUs, other CPUs, the portable build) KV_INT_DOT is
+ * 0, the kernels below are empty and the host uses matmul.cl's float
+ * kernels (int_dot_caps tells it which).
+ *
+ *   quant_x      x(T, cols) -> a record of 52 nbx bytes per token, nbx =
+ *                cols / 32 rounded up to 16 blocks: the quants (32 bytes a
+ *                block, pairs of blocks interleaved: the first halves of b
+ *                and b + 1, then their second halves), the scales d
+ *                (f16-rounded amax / 127, as the CPU's Q8_0; four copies
+ *                each, a pair's eight floats), then d * (sum of the block's
+ *                quants). Blocks past cols are 0.
+ *   gemv_i8_<t>  decode (T = 1 per launch row of tokens), one item per
+ *                (row, token) as gemv_<t>.
+ *   gemv3_i8_<t> up to three weights of one input, as gemv3_<t>.
+ *   tiled_i8_<t> prefill, one item per (row, 8 tokens): each pair of weight
+ *                blocks unpacked once for the 8 tokens.
+ *
+ * The order of the float sums, shared by all three (a token gets the same
+ * bits from each): a pair's eight integer sums (four lanes a block) times
+ * (weight d) * (x d) into chain (pair % 2) by fma; the corrections for the
+ * weights' offset (Q4_0: -8 d) or min (Q4_1: m) as a 16-lane fma chain of
+ * (d or m) * (x d * sum q) over groups of 16 blocks; the result: the lane
+ * sum of chain 0 + chain 1, plus the correction's lane sum (times -8 for
+ * Q4_0), plus the bias.
+ */
+
+#if defined(__x86_64__) && defined(__AVX2__) && !defined(KVCL_PORTABLE)
+#define KV_INT_DOT 1
+typedef char kv_c32 __attribute__((ext_vector_type(32)));
+typedef short kv_s16 __attribute__((ext_vector_type(16)));
+#else
+#define KV_INT_DOT 0
+#endif
+
+/* out[0]: whether the kernels below compute (1) or are empty (0) */
+kernel void int_dot_caps(global int *out) { out[0] = KV_INT_DOT; }
+
+#define I8_GROUP 16 /* blocks a scale group (and nbx a multiple of it) */
+
+/* the quantized activations: token t's record at xr + t * 52 nbx */
+#define I8_PARAMS global const char *xr, int nbx
+
+/* token t's quants, scales and sums */
+#define I8_Q(t) (xr + (ulong)(t) * nbx * 52)
+#define I8_D(t) ((const global float *)(I8_Q(t) + 32 * nbx))
+#define I8_S(t) ((const global float *)(I8_Q(t) + 48 * nbx))
+
+/* item (p, t): blocks 2 p and 2 p + 1 of token t */
+kernel void quant_x(global const float *x, ulong xoff, int cols, global char *xr, int nbx) {
+    const int p = get_global_id(0), t = get_global_id(1), nb = cols / 32;
+    if (2 * p >= nbx) return;
+    global char *rec = xr + (ulong)t * nbx * 52, *qp = rec + 64 * p;
+    global float *xd = (global float *)(rec + 32 * nbx), *xs = (global float *)(rec + 48 * nbx);
+    for (int j = 0; j < 2; j++) {
+        const int b = 2 * p + j;
+        char16 lo = 0, hi = 0;
+        float d = 0.0f, s = 0.0f;
+        if (b < nb) {
+            const global float *xb = x + xoff + (ulong)t * cols + 32 * b;
+            const float16 a = vload16(0, xb), c = vload16(1, xb);
+            const float16 m = fmax(fabs(a), fabs(c));
+            const float8 m8 = fmax(m.lo, m.hi);
+            const float4 m4 = fmax(m8.lo, m8.hi);
+            const float amax = fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w));
+            const float dd = amax / 127, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+            lo = convert_char16_sat(rint(a * id));
+            hi = convert_char16_sat(rint(c * id));
+            const int16 qs = convert_int16(lo) + convert_int16(hi);
+            const int8 q8 = qs.lo + qs.hi;
+            const int4 q4 = q8.lo + q8.hi;
+            d = round_f16(dd);
+            /* a NaN among the 32 (which fmax and the conversion drop) makes the scale NaN */
+            if (any(isnan(a)) || any(isnan(c))) d = NAN;
+            s = d * (float)(q4.x + q4.y + q4.z + q4.w);
+        }
+        vstore16(lo, 0, qp + 16 * j);
+        vstore16(hi, 0, qp + 32 + 16 * j);
+        vstore4((float4)d, 0, xd + 4 * b);
+        xs[b] = s;
+    }
+}
+
+#if KV_INT_DOT
+/* a pair of weight blocks (w1 may be w0 again for a lone last block, its x
+ * all 0) as the byte vectors of pmaddubsw's unsigned operand: Q4's nibbles
+ * (u: first halves, v: second halves), Q8_0's absolute values, sign
+ * sources in s, t (Q8_0) */
+KV_INL void unpack_pair(const int type, const global uchar *w0, const global uchar *w1, kv_c32 *u, kv_c32 *v,
+                        kv_c32 *s, kv_c32 *t) {
+    if (type == TYPE_Q8_0) {
+        kv_c32 a, b;
+        a.lo = as_char16(vload16(0, w0 + 2)), a.hi = as_char16(vload16(0, w1 + 2));
+        b.lo = as_char16(vload16(0, w0 + 18)), b.hi = as_char16(vload16(0, w1 + 18));
+        *s = a, *t = b;
+        *u = __builtin_ia32_psignb256(a, a), *v = __builtin_ia32_psignb256(b, b); /* |w| (-128 stays 0x80 = 128) */
+    } else {
+        const int o = type == TYPE_Q4_1 ? 4 : 2;
+        kv_c32 n;
+        n.lo = as_char16(vload16(0, w0 + o)), n.hi = as_char16(vload16(0, w1 + o));
+        *u = n & (char)15, *v = (n >> (char)4) & (char)15;
+    }
+}
+
+/* the pair's eight integer sums against the quantized x at xp (64 bytes) */
+KV_INL int8 dot_pair(const int type, kv_c32 u, kv_c32 v, kv_c32 s, kv_c32 t, const global char *xp) {
+    const kv_c32 xa = *(const global kv_c32 *)xp, xb = *(const global kv_c32 *)(xp + 32);
+    if (type == TYPE_Q8_0) { /* |w| x sign(w): two pmaddubsw sums may pass 16 bits, so widen each */
+        const kv_s16 pa = __builtin_ia32_pmaddubsw256(u, __builtin_ia32_psignb256(xa, s));
+        const kv_s16 pb = __builtin_ia32_pmaddubsw256(v, __builtin_ia32_psignb256(xb, t));
+        return as_int8(__builtin_ia32_pmaddwd256(pa, (kv_s16)1)) + as_int8(__builtin_ia32_pmaddwd256(pb, (kv_s16)1));
+    }
+    const kv_s16 p = __builtin_ia32_pmaddubsw256(u, xa) + __builtin_ia32_pmaddubsw256(v, xb); /* <= 4 * 15 * 127 */
+    return as_int8(__builtin_ia32_pmaddwd256(p, (kv_s16)1));
+}
+
+/* sum of the 8 lanes */
+KV_INL float hsum8(float8 v) {
+    float4 b = v.lo + v.hi;
+    float2 c = b.lo + b.hi;
+    return c.x + c.y;
+}
+
+/* the result from the chains and the correction chain */
+KV_INL float i8_result(const int type, float8 a0, float8 a1, float16 c) {
+    const float s = hsum8(a0 + a1);
+    return type == TYPE_Q4_0 ? s - 8.0f * hsum16(c) : type == TYPE_Q4_1 ? s + hsum16(c) : s;
+}
+
+/* dot(row w of nb blocks, token's quantized x) in the shared order */
+KV_INL float row_dot_i8(const int type, const global uchar *w, int nb, const global char *xq,
+                        const global float *xd, const global float *xs) {
+    const int bs = bytes32(type);
+    float8 a0 = 0.0f, a1 = 0.0f;
+    float16 c = 0.0f;
+    for (int b = 0; b < nb; b += I8_GROUP) {
+        const int n = min(I8_GROUP, nb - b);
+        float d[16], m[16];
+        scales16(type, w + bs * b, n, d, m);
+        if (type != TYPE_Q8_0) c = fma(vload16(0, type == TYPE_Q4_1 ? m : d), vload16(0, xs + b), c);
+#pragma unroll
+        for (int k = 0; k < I8_GROUP; k += 2) {
+            if (k >= n) break;
+            const global uchar *w0 = w + bs * (b + k), *w1 = k + 1 < n ? w0 + bs : w0;
+            kv_c32 u, v, s, t;
+            unpack_pair(type, w0, w1, &u, &v, &s, &t);
+            const float8 dw = (float8)(d[k], d[k], d[k], d[k], d[k + 1], d[k + 1], d[k + 1], d[k + 1]);
+            const float8 sc = dw * vload8(0, xd + 4 * (b + k));
+            const float8 f = convert_float8(dot_pair(type, u, v, s, t, xq + 32 * (b + k)));
+            if ((k / 2) % 2) a1 = fma(sc, f, a1);
+            else a0 = fma(sc, f, a0);
+        }
+    }
+    return i8_result(type, a0, a1, c);
+}
+#endif
+
+#define GEMV_I8_PARAMS                                                                                     \
+    global const uchar *W, ulong row_bytes, int rows, int cols, I8_PARAMS, global float *y, ulong yoff, int ldy, \
+        global const float *bias, int row0
+
+/* item (r, t): y[t, row0 + r] = W[r] . x[t] (+ bias) */
+KV_INL void gemv_i8(const int type, GEMV_I8_PARAMS) {
+#if KV_INT_DOT
+    const int r = get_global_id(0), t = get_global_id(1);
+    if (r >= rows) return;
+    float s = row_dot_i8(type, W + r * row_bytes, cols / 32, I8_Q(t), I8_D(t), I8_S(t));
+    if (bias) s += bias[row0 + r];
+    y[yoff + (ulong)t * ldy + row0 + r] = s;
+#endif
+}
+
+/* item r: gemv3's split of rows over up to three weights */
+#define GEMV3_I8_PARAMS                                                                                         \
+    global const uchar *W0, global const uchar *W1, global const uchar *W2, ulong row_bytes, int n0, int n1,     \
+        int n2, int cols, I8_PARAMS, global float *y0, ulong y0off, global float *y1, ulong y1off, global float *y2, \
+        ulong y2off, global const float *b0, global const float *b1, global const float *b2
+KV_INL void gemv3_i8(const int type, GEMV3_I8_PARAMS) {
+#if KV_INT_DOT
+    int r = get_global_id(0);
+    global const uchar *W;
+    global float *y;
+    global const float *bias;
+    if (r < n0) {
+        W = W0, y = y0 + y0off, bias = b0;
+    } else if ((r -= n0) < n1) {
+        W = W1, y = y1 + y1off, bias = b1;
+    } else if ((r -= n1) < n2) {
+        W = W2, y = y2 + y2off, bias = b2;
+    } else {
+        return;
+    }
+    float s = row_dot_i8(type, W + r * row_bytes, cols / 32, I8_Q(0), I8_D(0), I8_S(0));
+    if (bias) s += bias[r];
+    y[r] = s;
+#endif
+}
+
+/* item (r, tb): tokens MM_TOKENS tb .. (< T) of row r, row_dot_i8's order
+ * for each; tokens past T read token T - 1 and are not stored */
+KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
+#if KV_INT_DOT
+    const int r = get_global_id(0), t0 = get_global_id(1) * MM_TOKENS;
+    if (r >= rows) return;
+    const global uchar *w = W + r * row_bytes;
+    const int bs = bytes32(type), nb = cols / 32;
+    const global char *xq[MM_TOKENS];
+    const global float *xd[MM_TOKENS], *xs[MM_TOKENS];
+    for (int k = 0; k < MM_TOKENS; k++) {
+        const int t = min(t0 + k, T - 1);
+        xq[k] = I8_Q(t), xd[k] = I8_D(t), xs[k] = I8_S(t);
+    }
+    float8 a0[MM_TOKENS], a1[MM_TOKENS];
+    float16 c[MM_TOKENS];
+    for (int k = 0; k < MM_TOKENS; k++) a0[k] = a1[k] = 0.0f, c[k] = 0.0f;
+    for (int b = 0; b < nb; b += I8_GROUP) {
+        const int n = min(I8_GROUP, nb - b);
+        float d[16], m[16];
+        scales16(type, w + bs * b, n, d, m);
+        if (type != TYPE_Q8_0)
+            for (int k = 0; k < MM_TOKENS; k++)
+                c[k] = fma(vload16(0, type == TYPE_Q4_1 ? m : d), vload16(0, xs[k] + b), c[k]);
+        for (int j = 0; j < I8_GROUP; j += 2) {
+            if (j >= n) break;
+            const global uchar *w0 = w + bs * (b + j), *w1 = j + 1 < n ? w0 + bs : w0;
+            kv_c32 u, v, s, t;
+            unpack_pair(type, w0, w1, &u, &v, &s, &t);
+            const float8 dw = (float8)(d[j], d[j], d[j], d[j], d[j + 1], d[j + 1], d[j + 1], d[j + 1]);
+#pragma unroll
+            for (int k = 0; k < MM_TOKENS; k++) {
+                const float8 sc = dw * vload8(0, xd[k] + 4 * (b + j));
+                const float8 f = convert_float8(dot_pair(type, u, v, s, t, xq[k] + 32 * (b + j)));
+                if ((j / 2) % 2) a1[k] = fma(sc, f, a1[k]);
+                else a0[k] = fma(sc, f, a0[k]);
+            }
+        }
+    }
+    for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
+        float s = i8_result(type, a0[k], a1[k], c[k]);
+        if (bias) s += bias[row0 + r];
+        y[yoff + (ulong)(t0 + k) * ldy + row0 + r] = s;
+    }
+#endif
+}
+
+#define GEMV_I8_ARGS W, row_bytes, rows, cols, xr, nbx, y, yoff, ldy, bias, row0
+#define MATMUL_I8_KERNELS(name, TYPE)                                                                          \
+    kernel void gemv_i8_##name(GEMV_I8_PARAMS) { gemv_i8(TYPE, GEMV_I8_ARGS); }                                \
+    kernel void gemv3_i8_##name(GEMV3_I8_PARAMS) {                                                             \
+        gemv3_i8(TYPE, W0, W1, W2, row_bytes, n0, n1, n2, cols, xr, nbx, y0, y0off, y1, y1off, y2, y2off, \
+                 b0, b1, b2);                                                                                  \
+    }                                                                                                          \
+    kernel void tiled_i8_##name(GEMV_I8_PARAMS, int T) { tiled_i8(TYPE, GEMV_I8_ARGS, T); }
+
+MATMUL_I8_KERNELS(q4_0, TYPE_Q4_0)
+MATMUL_I8_KERNELS(q4_1, TYPE_Q4_1)
+MATMUL_I8_KERNELS(q8_0, TYPE_Q8_0)
