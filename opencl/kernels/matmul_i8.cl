@@ -15,8 +15,7 @@
  *                (f16-rounded amax / 127, as the CPU's Q8_0; four copies
  *                each, a pair's eight floats), then d * (sum of the block's
  *                quants). Blocks past cols are 0.
- *   gemv_i8_<t>  decode (T = 1 per launch row of tokens), one item per
- *                (row, token) as gemv_<t>.
+ *   gemv_i8_<t>  decode, one item per (row, token) as gemv_<t>.
  *   gemv3_i8_<t> up to three weights of one input, as gemv3_<t>.
  *   tiled_i8_<t> prefill, one item per (row, 8 tokens): each pair of weight
  *                blocks unpacked once for the 8 tokens.
@@ -132,30 +131,48 @@ KV_INL float i8_result(const int type, float8 a0, float8 a1, float16 c) {
     return type == TYPE_Q4_0 ? s - 8.0f * hsum16(c) : type == TYPE_Q4_1 ? s + hsum16(c) : s;
 }
 
-/* dot(row w of nb blocks, token's quantized x) in the shared order */
+/* blocks b, b + 1 of row w (scales d0, d1; without a second block, b
+ * again with d1 = 0 against x's zero block) for nt tokens: token k's
+ * chains a0[k], a1[k], its record's quants xq[k] and scales xd[k]; the
+ * weight blocks unpacked once for all nt */
+KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, float d0, float d1, const int nt,
+                    const global char *const *xq, const global float *const *xd, float8 *a0, float8 *a1) {
+    const global uchar *w0 = w + bytes32(type) * b, *w1 = two ? w0 + bytes32(type) : w0;
+    kv_c32 u, v, s, t;
+    unpack_pair(type, w0, w1, &u, &v, &s, &t);
+    const float8 dw = (float8)(d0, d0, d0, d0, d1, d1, d1, d1);
+#pragma unroll
+    for (int k = 0; k < nt; k++) {
+        const float8 sc = dw * vload8(0, xd[k] + 4 * b);
+        const float8 f = convert_float8(dot_pair(type, u, v, s, t, xq[k] + 32 * b));
+        if ((b / 2) % 2) a1[k] = fma(sc, f, a1[k]);
+        else a0[k] = fma(sc, f, a0[k]);
+    }
+}
+
+/* the n <= I8_GROUP blocks from b (a multiple of I8_GROUP) of row w for
+ * one token (record xq, xd, xs), pair by pair (pair_i8), and its
+ * correction chain c. For whole groups n is a literal: the guards fold
+ * away and the pairs unroll (scalar scale gathers and a loop per pair held
+ * the GEMV to two thirds). */
+KV_INL void group_i8(const int type, const global uchar *w, int b, int n, const global char *const *xq,
+                     const global float *const *xd, const global float *xs, float8 *a0, float8 *a1, float16 *c) {
+    float d[16], m[16];
+    scales16(type, w + bytes32(type) * b, n, d, m);
+    if (type != TYPE_Q8_0) *c = fma(vload16(0, type == TYPE_Q4_1 ? m : d), vload16(0, xs + b), *c);
+#pragma unroll
+    for (int j = 0; j < I8_GROUP; j += 2)
+        if (j < n) pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], 1, xq, xd, a0, a1);
+}
+
+/* dot(row w of nb blocks, a token's record xq, xd, xs) in the shared order */
 KV_INL float row_dot_i8(const int type, const global uchar *w, int nb, const global char *xq,
                         const global float *xd, const global float *xs) {
-    const int bs = bytes32(type);
     float8 a0 = 0.0f, a1 = 0.0f;
     float16 c = 0.0f;
-    for (int b = 0; b < nb; b += I8_GROUP) {
-        const int n = min(I8_GROUP, nb - b);
-        float d[16], m[16];
-        scales16(type, w + bs * b, n, d, m);
-        if (type != TYPE_Q8_0) c = fma(vload16(0, type == TYPE_Q4_1 ? m : d), vload16(0, xs + b), c);
-#pragma unroll
-        for (int k = 0; k < I8_GROUP; k += 2) {
-            if (k >= n) break;
-            const global uchar *w0 = w + bs * (b + k), *w1 = k + 1 < n ? w0 + bs : w0;
-            kv_c32 u, v, s, t;
-            unpack_pair(type, w0, w1, &u, &v, &s, &t);
-            const float8 dw = (float8)(d[k], d[k], d[k], d[k], d[k + 1], d[k + 1], d[k + 1], d[k + 1]);
-            const float8 sc = dw * vload8(0, xd + 4 * (b + k));
-            const float8 f = convert_float8(dot_pair(type, u, v, s, t, xq + 32 * (b + k)));
-            if ((k / 2) % 2) a1 = fma(sc, f, a1);
-            else a0 = fma(sc, f, a0);
-        }
-    }
+    int b = 0;
+    for (; b + I8_GROUP <= nb; b += I8_GROUP) group_i8(type, w, b, I8_GROUP, &xq, &xd, xs, &a0, &a1, &c);
+    if (b < nb) group_i8(type, w, b, nb - b, &xq, &xd, xs, &a0, &a1, &c);
     return i8_result(type, a0, a1, c);
 }
 #endif
@@ -208,7 +225,7 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
     const int r = get_global_id(0), t0 = get_global_id(1) * MM_TOKENS;
     if (r >= rows) return;
     const global uchar *w = W + r * row_bytes;
-    const int bs = bytes32(type), nb = cols / 32;
+    const int nb = cols / 32;
     const global char *xq[MM_TOKENS];
     const global float *xd[MM_TOKENS], *xs[MM_TOKENS];
     for (int k = 0; k < MM_TOKENS; k++) {
@@ -218,32 +235,21 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
     float8 a0[MM_TOKENS], a1[MM_TOKENS];
     float16 c[MM_TOKENS];
     for (int k = 0; k < MM_TOKENS; k++) a0[k] = a1[k] = 0.0f, c[k] = 0.0f;
-    for (int b = 0; b < nb; b += I8_GROUP) {
+    for (int b = 0; b < nb; b += I8_GROUP) { /* group_i8's steps for 8 tokens, the pairs not unrolled */
         const int n = min(I8_GROUP, nb - b);
         float d[16], m[16];
-        scales16(type, w + bs * b, n, d, m);
+        scales16(type, w + bytes32(type) * b, n, d, m);
         if (type != TYPE_Q8_0)
             for (int k = 0; k < MM_TOKENS; k++)
                 c[k] = fma(vload16(0, type == TYPE_Q4_1 ? m : d), vload16(0, xs[k] + b), c[k]);
         for (int j = 0; j < I8_GROUP; j += 2) {
             if (j >= n) break;
-            const global uchar *w0 = w + bs * (b + j), *w1 = j + 1 < n ? w0 + bs : w0;
-            kv_c32 u, v, s, t;
-            unpack_pair(type, w0, w1, &u, &v, &s, &t);
-            const float8 dw = (float8)(d[j], d[j], d[j], d[j], d[j + 1], d[j + 1], d[j + 1], d[j + 1]);
-#pragma unroll
-            for (int k = 0; k < MM_TOKENS; k++) {
-                const float8 sc = dw * vload8(0, xd[k] + 4 * (b + j));
-                const float8 f = convert_float8(dot_pair(type, u, v, s, t, xq[k] + 32 * (b + j)));
-                if ((j / 2) % 2) a1[k] = fma(sc, f, a1[k]);
-                else a0[k] = fma(sc, f, a0[k]);
-            }
+            pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], MM_TOKENS, xq, xd, a0, a1);
         }
     }
     for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
-        float s = i8_result(type, a0[k], a1[k], c[k]);
-        if (bias) s += bias[row0 + r];
-        y[yoff + (ulong)(t0 + k) * ldy + row0 + r] = s;
+        const float s = i8_result(type, a0[k], a1[k], c[k]);
+        y[yoff + (ulong)(t0 + k) * ldy + row0 + r] = bias ? s + bias[row0 + r] : s;
     }
 #endif
 }
