@@ -29,11 +29,16 @@
  * Q4_0), plus the bias.
  */
 
-#if defined(__x86_64__) && defined(__AVX2__) && !defined(KVCL_PORTABLE)
+/* the compiler's own x86 builtins: only where it says it has them */
+#if defined(__x86_64__) && defined(__AVX2__) && !defined(KVCL_PORTABLE) && defined(__has_builtin)
+#if __has_builtin(__builtin_ia32_pmaddubsw256) && __has_builtin(__builtin_ia32_pmaddwd256) && \
+    __has_builtin(__builtin_ia32_psignb256)
 #define KV_INT_DOT 1
 typedef char kv_c32 __attribute__((ext_vector_type(32)));
 typedef short kv_s16 __attribute__((ext_vector_type(16)));
-#else
+#endif
+#endif
+#ifndef KV_INT_DOT
 #define KV_INT_DOT 0
 #endif
 
