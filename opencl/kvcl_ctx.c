@@ -128,7 +128,8 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
             if (kernel(c, name, kinds[j].k, e) != KV_OK) return KV_ERR_DEVICE;
         }
         const int ty = k_types[i].type;
-        if (ty != KV_TYPE_Q4_0 && ty != KV_TYPE_Q4_1 && ty != KV_TYPE_Q8_0) continue;
+        if (ty != KV_TYPE_Q4_0 && ty != KV_TYPE_Q4_1 && ty != KV_TYPE_Q5_0 && ty != KV_TYPE_Q5_1 && ty != KV_TYPE_Q8_0)
+            continue;
         const struct {
             const char *prefix;
             cl_kernel *k;

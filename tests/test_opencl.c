@@ -327,13 +327,14 @@ typedef struct {
 /* whether c computes this product with integer dot products (matmul_i8.cl) */
 static bool int_case(const kvcl_ctx *c, const mm_case *k) {
     return kvcl_ctx_int_dot(c) && k->path != KVCL_MM_CLBLAST &&
-           (k->type == KV_TYPE_Q4_0 || k->type == KV_TYPE_Q4_1 || k->type == KV_TYPE_Q8_0);
+           (k->type == KV_TYPE_Q4_0 || k->type == KV_TYPE_Q4_1 || k->type == KV_TYPE_Q5_0 || k->type == KV_TYPE_Q5_1 ||
+            k->type == KV_TYPE_Q8_0);
 }
 
 /* The integer path's exact result in float64 (and its magnitude): x
  * quantized as quant_x does it (per 32: d = amax / 127, q = rint(x / d)
  * through 1 / d, d rounded to f16), each weight block taken apart into d,
- * quants and offset (Q4_0: -8 d) or min (Q4_1); y = sum over blocks of
+ * quants and offset (Q4_0: -8 d, Q5_0: -16 d) or min (Q4_1, Q5_1); y = sum over blocks of
  * d dx sum(qw qx) + (offset or min) dx sum(qx). The device's float steps
  * (the scale products, the fma chains over pairs of blocks, the lane and
  * correction sums) stay within gamma(cols / 32 + 16) of mag. */
@@ -359,13 +360,16 @@ static void ref_matmul_i8(int type, const uint8_t *bytes, int64_t rows, int64_t 
                 uint16_t h;
                 memcpy(&h, blk, 2);
                 const double dw = kv_f16_to_f32(h);
-                double off = 0.0;
-                if (type == KV_TYPE_Q4_0) off = -8.0 * dw;
-                if (type == KV_TYPE_Q4_1) memcpy(&h, blk + 2, 2), off = kv_f16_to_f32(h);
-                const uint8_t *nib = blk + (type == KV_TYPE_Q4_1 ? 4 : 2);
+                const bool q5 = type == KV_TYPE_Q5_0 || type == KV_TYPE_Q5_1, min = type == KV_TYPE_Q4_1 || type == KV_TYPE_Q5_1;
+                double off = type == KV_TYPE_Q4_0 ? -8.0 * dw : type == KV_TYPE_Q5_0 ? -16.0 * dw : 0.0;
+                if (min) memcpy(&h, blk + 2, 2), off = kv_f16_to_f32(h);
+                const uint8_t *nib = blk + bb - 16; /* the nibbles end the block, after Q5's 32 fifth bits */
+                uint32_t qh = 0;
+                if (q5) memcpy(&qh, nib - 4, 4);
                 double dot = 0.0, adot = 0.0, sq = 0.0;
                 for (int i = 0; i < 32; i++) {
-                    const int qw = type == KV_TYPE_Q8_0 ? (int8_t)blk[2 + i] : i < 16 ? nib[i] & 15 : nib[i - 16] >> 4;
+                    int qw = type == KV_TYPE_Q8_0 ? (int8_t)blk[2 + i] : i < 16 ? nib[i] & 15 : nib[i - 16] >> 4;
+                    if (q5) qw |= (int)((qh >> i) & 1) << 4;
                     dot += (double)qw * qx[32 * b + i], adot += fabs((double)qw * qx[32 * b + i]);
                     sq += qx[32 * b + i];
                 }
@@ -1081,7 +1085,7 @@ int main(void) {
 
     kvcl_options o = {.cache_dir = g_cache};
     g_c = open_ctx(&o);
-    printf("     (Q4_0, Q4_1, Q8_0 products: %s)\n", kvcl_ctx_int_dot(g_c) ? "integer kernels" : "float kernels");
+    printf("     (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 products: %s)\n", kvcl_ctx_int_dot(g_c) ? "integer kernels" : "float kernels");
     /* weights split into parts of at most 32 KiB */
     kvcl_options small = {.cache_dir = g_cache, .max_alloc = 32 << 10};
     kvcl_ctx *split = open_ctx(&small);

@@ -1,5 +1,6 @@
 /*
- * matmul_i8.cl — Q4_0, Q4_1 and Q8_0 products with integer dot products, on
+ * matmul_i8.cl — products with Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights by
+ * integer dot products, on
  * drivers that compile for x86 with AVX2 (PoCL and other CPU drivers): the
  * activations quantized to 8 bits per block of 32, as the CPU engine does,
  * and 32 byte products summed by pmaddubsw / pmaddwd. A float kernel spends
@@ -23,10 +24,10 @@
  * The order of the float sums, shared by all three (a token gets the same
  * bits from each): a pair's eight integer sums (four lanes a block) times
  * (weight d) * (x d) into chain (pair % 2) by fma; the corrections for the
- * weights' offset (Q4_0: -8 d) or min (Q4_1: m) as a 16-lane fma chain of
- * (d or m) * (x d * sum q) over groups of 16 blocks; the result: the lane
- * sum of chain 0 + chain 1, plus the correction's lane sum (times -8 for
- * Q4_0), plus the bias.
+ * weights' offset (Q4_0: -8 d, Q5_0: -16 d) or min (Q4_1, Q5_1: m) as a
+ * 16-lane fma chain of (d or m) * (x d * sum q) over groups of 16 blocks;
+ * the result: the lane sum of chain 0 + chain 1, plus the correction's
+ * lane sum (times -8 or -16 for the offsets), plus the bias.
  */
 
 /* the compiler's own x86 builtins: only where it says it has them */
@@ -91,10 +92,19 @@ kernel void quant_x(global const float *x, ulong xoff, int cols, global char *xr
 }
 
 #if KV_INT_DOT
+/* the fifth bits of 16 elements (bits lo .. lo + 15 of qh) as bytes 0 or
+ * 16: each byte of qh spread over eight lanes and tested by a bit mask */
+KV_INL char16 fifth_bits(uint qh, uint lo) {
+    const uchar b0 = (uchar)(qh >> lo), b1 = (uchar)(qh >> (lo + 8));
+    const uchar16 spread = (uchar16)(b0, b0, b0, b0, b0, b0, b0, b0, b1, b1, b1, b1, b1, b1, b1, b1);
+    const uchar16 bit = (uchar16)(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
+    return ((spread & bit) != (uchar16)0) & (char16)16;
+}
+
 /* a pair of weight blocks (w1 may be w0 again for a lone last block, its x
  * all 0) as the byte vectors of pmaddubsw's unsigned operand: Q4's nibbles
- * (u: first halves, v: second halves), Q8_0's absolute values, sign
- * sources in s, t (Q8_0) */
+ * and Q5's five-bit values (u: first halves, v: second halves), Q8_0's
+ * absolute values, sign sources in s, t (Q8_0) */
 KV_INL void unpack_pair(const int type, const global uchar *w0, const global uchar *w1, kv_c32 *u, kv_c32 *v,
                         kv_c32 *s, kv_c32 *t) {
     if (type == TYPE_Q8_0) {
@@ -104,10 +114,17 @@ KV_INL void unpack_pair(const int type, const global uchar *w0, const global uch
         *s = a, *t = b;
         *u = __builtin_ia32_psignb256(a, a), *v = __builtin_ia32_psignb256(b, b); /* |w| (-128 stays 0x80 = 128) */
     } else {
-        const int o = type == TYPE_Q4_1 ? 4 : 2;
+        const int o = bytes32(type) - 16; /* the nibbles end the block */
         kv_c32 n;
         n.lo = as_char16(vload16(0, w0 + o)), n.hi = as_char16(vload16(0, w1 + o));
         *u = n & (char)15, *v = (n >> (char)4) & (char)15;
+        if (type == TYPE_Q5_0 || type == TYPE_Q5_1) {
+            const uint h0 = as_uint(vload4(0, w0 + o - 4)), h1 = as_uint(vload4(0, w1 + o - 4));
+            kv_c32 hu, hv;
+            hu.lo = fifth_bits(h0, 0), hu.hi = fifth_bits(h1, 0);
+            hv.lo = fifth_bits(h0, 16), hv.hi = fifth_bits(h1, 16);
+            *u |= hu, *v |= hv;
+        }
     }
 }
 
@@ -119,7 +136,7 @@ KV_INL int8 dot_pair(const int type, kv_c32 u, kv_c32 v, kv_c32 s, kv_c32 t, con
         const kv_s16 pb = __builtin_ia32_pmaddubsw256(v, __builtin_ia32_psignb256(xb, t));
         return as_int8(__builtin_ia32_pmaddwd256(pa, (kv_s16)1)) + as_int8(__builtin_ia32_pmaddwd256(pb, (kv_s16)1));
     }
-    const kv_s16 p = __builtin_ia32_pmaddubsw256(u, xa) + __builtin_ia32_pmaddubsw256(v, xb); /* <= 4 * 15 * 127 */
+    const kv_s16 p = __builtin_ia32_pmaddubsw256(u, xa) + __builtin_ia32_pmaddubsw256(v, xb); /* <= 4 * 31 * 127 */
     return as_int8(__builtin_ia32_pmaddwd256(p, (kv_s16)1));
 }
 
@@ -133,7 +150,8 @@ KV_INL float hsum8(float8 v) {
 /* the result from the chains and the correction chain */
 KV_INL float i8_result(const int type, float8 a0, float8 a1, float16 c) {
     const float s = hsum8(a0 + a1);
-    return type == TYPE_Q4_0 ? s - 8.0f * hsum16(c) : type == TYPE_Q4_1 ? s + hsum16(c) : s;
+    return type == TYPE_Q4_0 ? s - 8.0f * hsum16(c) : type == TYPE_Q5_0 ? s - 16.0f * hsum16(c)
+                             : has_min32(type) ? s + hsum16(c) : s;
 }
 
 /* blocks b, b + 1 of row w (scales d0, d1; without a second block, b
@@ -164,7 +182,7 @@ KV_INL void group_i8(const int type, const global uchar *w, int b, int n, const 
                      const global float *const *xd, const global float *xs, float8 *a0, float8 *a1, float16 *c) {
     float d[16], m[16];
     scales16(type, w + bytes32(type) * b, n, d, m);
-    if (type != TYPE_Q8_0) *c = fma(vload16(0, type == TYPE_Q4_1 ? m : d), vload16(0, xs + b), *c);
+    if (type != TYPE_Q8_0) *c = fma(vload16(0, has_min32(type) ? m : d), vload16(0, xs + b), *c);
 #pragma unroll
     for (int j = 0; j < I8_GROUP; j += 2)
         if (j < n) pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], 1, xq, xd, a0, a1);
@@ -246,7 +264,7 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
         scales16(type, w + bytes32(type) * b, n, d, m);
         if (type != TYPE_Q8_0)
             for (int k = 0; k < MM_TOKENS; k++)
-                c[k] = fma(vload16(0, type == TYPE_Q4_1 ? m : d), vload16(0, xs[k] + b), c[k]);
+                c[k] = fma(vload16(0, has_min32(type) ? m : d), vload16(0, xs[k] + b), c[k]);
         for (int j = 0; j < I8_GROUP; j += 2) {
             if (j >= n) break;
             pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], MM_TOKENS, xq, xd, a0, a1);
@@ -270,4 +288,6 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
 
 MATMUL_I8_KERNELS(q4_0, TYPE_Q4_0)
 MATMUL_I8_KERNELS(q4_1, TYPE_Q4_1)
+MATMUL_I8_KERNELS(q5_0, TYPE_Q5_0)
+MATMUL_I8_KERNELS(q5_1, TYPE_Q5_1)
 MATMUL_I8_KERNELS(q8_0, TYPE_Q8_0)
