@@ -155,11 +155,12 @@ KV_INL float i8_result(const int type, float8 a0, float8 a1, float16 c) {
 }
 
 /* blocks b, b + 1 of row w (scales d0, d1; without a second block, b
- * again with d1 = 0 against x's zero block) for nt tokens: token k's
- * chains a0[k], a1[k], its record's quants xq[k] and scales xd[k]; the
- * weight blocks unpacked once for all nt */
+ * again with d1 = 0 against x's zero block) for nt tokens into token k's
+ * chain a[k] (a0 or a1: (b / 2) % 2, a literal at every call, or the
+ * chains would live in memory), against its record's quants xq[k] and
+ * scales xd[k]; the weight blocks unpacked once for all nt */
 KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, float d0, float d1, const int nt,
-                    const global char *const *xq, const global float *const *xd, float8 *a0, float8 *a1) {
+                    const global char *const *xq, const global float *const *xd, float8 *a) {
     const global uchar *w0 = w + bytes32(type) * b, *w1 = two ? w0 + bytes32(type) : w0;
     kv_c32 u, v, s, t;
     unpack_pair(type, w0, w1, &u, &v, &s, &t);
@@ -168,8 +169,7 @@ KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, floa
     for (int k = 0; k < nt; k++) {
         const float8 sc = dw * vload8(0, xd[k] + 4 * b);
         const float8 f = convert_float8(dot_pair(type, u, v, s, t, xq[k] + 32 * b));
-        if ((b / 2) % 2) a1[k] = fma(sc, f, a1[k]);
-        else a0[k] = fma(sc, f, a0[k]);
+        a[k] = fma(sc, f, a[k]);
     }
 }
 
@@ -185,7 +185,7 @@ KV_INL void group_i8(const int type, const global uchar *w, int b, int n, const 
     if (type != TYPE_Q8_0) *c = fma(vload16(0, has_min32(type) ? m : d), vload16(0, xs + b), *c);
 #pragma unroll
     for (int j = 0; j < I8_GROUP; j += 2)
-        if (j < n) pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], 1, xq, xd, a0, a1);
+        if (j < n) pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], 1, xq, xd, (j / 2) % 2 ? a1 : a0);
 }
 
 /* dot(row w of nb blocks, a token's record xq, xd, xs) in the shared order */
@@ -265,9 +265,11 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
         if (type != TYPE_Q8_0)
             for (int k = 0; k < MM_TOKENS; k++)
                 c[k] = fma(vload16(0, has_min32(type) ? m : d), vload16(0, xs[k] + b), c[k]);
-        for (int j = 0; j < I8_GROUP; j += 2) {
+        for (int j = 0; j < I8_GROUP; j += 4) { /* a pair for each chain */
             if (j >= n) break;
-            pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], MM_TOKENS, xq, xd, a0, a1);
+            pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], MM_TOKENS, xq, xd, a0);
+            if (j + 2 >= n) break;
+            pair_i8(type, w, b + j + 2, j + 3 < n, d[j + 2], d[j + 3], MM_TOKENS, xq, xd, a1);
         }
     }
     for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
