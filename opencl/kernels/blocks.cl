@@ -157,9 +157,9 @@ KV_INL float16 f16_bits16(uint16 h) {
     return as_float16(as_uint16(f) | ((h & 0x8000u) << 16));
 }
 
-/* the scales d[k] (and mins m[k]) of the n <= 16 consecutive blocks from
- * b of a 32-element format, decoded as 16-lane vectors (0 past n) */
-KV_INL void scales16(const int type, const global uchar *b, int n, float *d, float *m) {
+/* the scales (and mins: 0 for formats without) of the n <= 16 consecutive
+ * blocks from b of a 32-element format, lane k for block k (0 past n) */
+KV_INL void scales16v(const int type, const global uchar *b, int n, float16 *d, float16 *m) {
     const int bs = bytes32(type);
     ushort hd[16], hm[16];
 #pragma unroll
@@ -167,8 +167,16 @@ KV_INL void scales16(const int type, const global uchar *b, int n, float *d, flo
         hd[k] = k < n ? *(const global ushort *)(b + bs * k) : 0;
         hm[k] = has_min32(type) && k < n ? *(const global ushort *)(b + bs * k + 2) : 0;
     }
-    vstore16(f16_bits16(convert_uint16(vload16(0, hd))), 0, d);
-    if (has_min32(type)) vstore16(f16_bits16(convert_uint16(vload16(0, hm))), 0, m);
+    *d = f16_bits16(convert_uint16(vload16(0, hd)));
+    *m = has_min32(type) ? f16_bits16(convert_uint16(vload16(0, hm))) : 0.0f;
+}
+
+/* the same into arrays d[k], m[k] */
+KV_INL void scales16(const int type, const global uchar *b, int n, float *d, float *m) {
+    float16 dv, mv;
+    scales16v(type, b, n, &dv, &mv);
+    vstore16(dv, 0, d);
+    if (has_min32(type)) vstore16(mv, 0, m);
 }
 
 /* ---- K-quants: super-blocks of 256, sub-block j < 8 ---- */

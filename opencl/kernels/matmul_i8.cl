@@ -147,6 +147,9 @@ KV_INL float hsum8(float8 v) {
     return c.x + c.y;
 }
 
+/* lanes j, j + 1 of d, four times each (one vector permute) */
+KV_INL float8 pair_scales(float16 d, int j) { return shuffle(d, (uint8)j + (uint8)(0, 0, 0, 0, 1, 1, 1, 1)); }
+
 /* the result from the chains and the correction chain */
 KV_INL float i8_result(const int type, float8 a0, float8 a1, float16 c) {
     const float s = hsum8(a0 + a1);
@@ -154,17 +157,17 @@ KV_INL float i8_result(const int type, float8 a0, float8 a1, float16 c) {
                              : has_min32(type) ? s + hsum16(c) : s;
 }
 
-/* blocks b, b + 1 of row w (scales d0, d1; without a second block, b
- * again with d1 = 0 against x's zero block) for nt tokens into token k's
+/* blocks b, b + 1 of row w (dw: their scales, four lanes each; without a
+ * second block, b again with scale 0 against x's zero block) for nt
+ * tokens into token k's
  * chain a[k] (a0 or a1: (b / 2) % 2, a literal at every call, or the
  * chains would live in memory), against its record's quants xq[k] and
  * scales xd[k]; the weight blocks unpacked once for all nt */
-KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, float d0, float d1, const int nt,
+KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, float8 dw, const int nt,
                     const global char *const *xq, const global float *const *xd, float8 *a) {
     const global uchar *w0 = w + bytes32(type) * b, *w1 = two ? w0 + bytes32(type) : w0;
     kv_c32 u, v, s, t;
     unpack_pair(type, w0, w1, &u, &v, &s, &t);
-    const float8 dw = (float8)(d0, d0, d0, d0, d1, d1, d1, d1);
 #pragma unroll
     for (int k = 0; k < nt; k++) {
         const float8 sc = dw * vload8(0, xd[k] + 4 * b);
@@ -180,12 +183,13 @@ KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, floa
  * the GEMV to two thirds). */
 KV_INL void group_i8(const int type, const global uchar *w, int b, int n, const global char *const *xq,
                      const global float *const *xd, const global float *xs, float8 *a0, float8 *a1, float16 *c) {
-    float d[16], m[16];
-    scales16(type, w + bytes32(type) * b, n, d, m);
-    if (type != TYPE_Q8_0) *c = fma(vload16(0, has_min32(type) ? m : d), vload16(0, xs + b), *c);
+    float16 d, m;
+    scales16v(type, w + bytes32(type) * b, n, &d, &m);
+    if (type != TYPE_Q8_0) *c = fma(has_min32(type) ? m : d, vload16(0, xs + b), *c);
 #pragma unroll
     for (int j = 0; j < I8_GROUP; j += 2)
-        if (j < n) pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], 1, xq, xd, (j / 2) % 2 ? a1 : a0);
+        if (j < n)
+            pair_i8(type, w, b + j, j + 1 < n, pair_scales(d, j), 1, xq, xd, (j / 2) % 2 ? a1 : a0);
 }
 
 /* dot(row w of nb blocks, a token's record xq, xd, xs) in the shared order */
@@ -260,16 +264,15 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
     for (int k = 0; k < MM_TOKENS; k++) a0[k] = a1[k] = 0.0f, c[k] = 0.0f;
     for (int b = 0; b < nb; b += I8_GROUP) { /* group_i8's steps for 8 tokens, the pairs not unrolled */
         const int n = min(I8_GROUP, nb - b);
-        float d[16], m[16];
-        scales16(type, w + bytes32(type) * b, n, d, m);
+        float16 d, m;
+        scales16v(type, w + bytes32(type) * b, n, &d, &m);
         if (type != TYPE_Q8_0)
-            for (int k = 0; k < MM_TOKENS; k++)
-                c[k] = fma(vload16(0, has_min32(type) ? m : d), vload16(0, xs[k] + b), c[k]);
+            for (int k = 0; k < MM_TOKENS; k++) c[k] = fma(has_min32(type) ? m : d, vload16(0, xs[k] + b), c[k]);
         for (int j = 0; j < I8_GROUP; j += 4) { /* a pair for each chain */
             if (j >= n) break;
-            pair_i8(type, w, b + j, j + 1 < n, d[j], d[j + 1], MM_TOKENS, xq, xd, a0);
+            pair_i8(type, w, b + j, j + 1 < n, pair_scales(d, j), MM_TOKENS, xq, xd, a0);
             if (j + 2 >= n) break;
-            pair_i8(type, w, b + j + 2, j + 3 < n, d[j + 2], d[j + 3], MM_TOKENS, xq, xd, a1);
+            pair_i8(type, w, b + j + 2, j + 3 < n, pair_scales(d, j + 2), MM_TOKENS, xq, xd, a1);
         }
     }
     for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
