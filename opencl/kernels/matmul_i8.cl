@@ -184,6 +184,10 @@ KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, floa
 KV_INL void group_i8(const int type, const global uchar *w, int b, int n, const global char *const *xq,
                      const global float *const *xd, const global float *xs, float8 *a0, float8 *a1, float16 *c) {
     float16 d, m;
+    /* the group after next into the cache (past the row: the next item's
+     * row; a prefetch never faults): the scale gathers waited on memory */
+#pragma unroll
+    for (int l = 0; l < I8_GROUP * bytes32(type); l += 64) __builtin_prefetch(w + bytes32(type) * (b + 2 * I8_GROUP) + l);
     scales16v(type, w + bytes32(type) * b, n, &d, &m);
     if (type != TYPE_Q8_0) *c = fma(has_min32(type) ? m : d, vload16(0, xs + b), *c);
 #pragma unroll
