@@ -155,7 +155,9 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
 }
 
 /* c->int_dot: whether the program's integer kernels compute (int_dot_caps,
- * run once); the work-group GEMV (GPUs) keeps the float kernels */
+ * run once); the work-group GEMV (GPUs) keeps the float kernels, and
+ * KVLUA_CL_INT_DOT=0 turns them off (to compare, or to keep float
+ * activations) */
 static kv_status probe_int_dot(kvcl_ctx *c, kv_error *e) {
     cl_kernel k;
     if (kernel(c, "int_dot_caps", &k, e) != KV_OK) return KV_ERR_DEVICE;
@@ -166,7 +168,8 @@ static kv_status probe_int_dot(kvcl_ctx *c, kv_error *e) {
     if (err == CL_SUCCESS) err = clEnqueueReadBuffer(c->q, c->flag, CL_TRUE, 0, sizeof on, &on, 0, NULL, NULL);
     clReleaseKernel(k);
     if (err != CL_SUCCESS) return kv_fail(e, kvcl_status_of(err), "OpenCL int_dot_caps: %s", kvcl_errstr(err));
-    c->int_dot = on == 1 && c->gemv == KVCL_GEMV_ROW;
+    const char *env = getenv("KVLUA_CL_INT_DOT");
+    c->int_dot = on == 1 && c->gemv == KVCL_GEMV_ROW && !(env && strcmp(env, "0") == 0);
     return KV_OK;
 }
 
