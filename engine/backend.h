@@ -86,6 +86,10 @@ struct kv_backend {
     /* y(T, n) = x / rms(x) * w for each row of n (w NULL: no weight); in place ok. */
     void (*rmsnorm)(kv_backend *b, float *y, const float *x, const float *w, int64_t T, int64_t n,
                     float eps);
+    /* Optional: x(T, n) += a, then y = rmsnorm(x) * w (y may be a, not x);
+     * the values add and rmsnorm give. NULL: forward.c calls those two. */
+    void (*add_rmsnorm)(kv_backend *b, float *x, const float *a, float *y, const float *w, int64_t T, int64_t n,
+                        float eps);
     /* x(T, n_head, head_dim) rotated in place; pos(T) positions. */
     void (*rope)(kv_backend *b, float *x, int64_t T, int n_head, int head_dim, const int32_t *pos,
                  const kv_rope_params *rp);

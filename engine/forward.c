@@ -49,8 +49,22 @@ static void matmuls(kv_backend *be, int n, const kv_weight *const *w, const floa
     for (int i = 0; i < n; i++) be->matmul(be, w[i], bias[i], x, T, y[i], w[i]->rows, scratch);
 }
 
+/* x(T, n) += a, then y = rmsnorm(x) * w: one call where the backend fuses
+ * them (a launch less on a device) */
+static void add_norm(kv_backend *be, float *x, const float *a, float *y, const float *w, int64_t T, int64_t n,
+                     float eps) {
+    if (be->add_rmsnorm) {
+        be->add_rmsnorm(be, x, a, y, w, T, n, eps);
+        return;
+    }
+    be->add(be, x, a, T * n);
+    be->rmsnorm(be, y, x, w, T, n, eps);
+}
+
 /* s owns the scratch; the T rows belong to seqs[0] (n_seqs == 1: T tokens
- * at its positions) or are one token of each of the n_seqs == T sessions. */
+ * at its positions) or are one token of each of the n_seqs == T sessions.
+ * A layer leaves its feed-forward output in xb: the next layer (or
+ * forward_rows after the last) adds it to x, with the norm that follows. */
 static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, int il, int T) {
     kv_model *m = s->m;
     kv_backend *be = &m->be;
@@ -60,7 +74,8 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
     const int hd = in->head_dim, hdv = in->head_dim_v;
 
     /* ---- attention ---- */
-    be->rmsnorm(be, s->xb, s->x, L->attn_norm, T, n_embd, m->eps);             /* (T, n_embd) */
+    if (il == 0) be->rmsnorm(be, s->xb, s->x, L->attn_norm, T, n_embd, m->eps); /* (T, n_embd) */
+    else add_norm(be, s->x, s->xb, s->xb, L->attn_norm, T, n_embd, m->eps);      /* the last layer's output first */
     /* q (T, n_head*hd), k (T, n_kv*hd), v (T, n_kv*hdv) */
     matmuls(be, 3, (const kv_weight *[]){&L->wq, &L->wk, &L->wv}, (const float *[]){L->bq, L->bk, L->bv}, s->xb, T,
             (float *[]){s->q, s->k, s->v}, s->mm_scratch);
@@ -104,18 +119,16 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
 
     be->matmul(be, &L->wo, NULL, s->att, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
     if (L->post_attn_norm) be->rmsnorm(be, s->xb, s->xb, L->post_attn_norm, T, n_embd, m->eps);
-    be->add(be, s->x, s->xb, (int64_t)T * n_embd);
 
     /* ---- feed-forward ---- */
     const int n_ff = in->n_ff;
-    be->rmsnorm(be, s->xb, s->x, L->ffn_norm, T, n_embd, m->eps);
+    add_norm(be, s->x, s->xb, s->xb, L->ffn_norm, T, n_embd, m->eps); /* x += attention output */
     matmuls(be, 2, (const kv_weight *[]){&L->w_gate, &L->w_up}, (const float *[]){NULL, NULL}, s->xb, T,
             (float *[]){s->gate, s->up}, s->mm_scratch); /* (T, n_ff) each */
     be->ffn_act(be, s->gate, s->up, (int64_t)T * n_ff, m->act);
     be->matmul(be, &L->w_down, NULL, s->gate, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
     if (L->post_ffw_norm) be->rmsnorm(be, s->xb, s->xb, L->post_ffw_norm, T, n_embd, m->eps);
-    be->add(be, s->x, s->xb, (int64_t)T * n_embd);
-    return true;
+    return true; /* xb: added to x by the next layer or forward_rows */
 }
 
 /* ==== the whole pass ======================================================= */
@@ -133,11 +146,18 @@ static bool forward_rows(kv_session *s, kv_session *const *seqs, int n_seqs, con
     for (int il = 0; il < m->info.n_layer; il++)
         if (!forward_layer(s, seqs, n_seqs, il, T)) return false;
 
-    if (logits_mode == KV_LOGITS_NONE) return true;
-    /* rows wanted: the last one, or all */
-    int r0 = logits_mode == KV_LOGITS_ALL ? 0 : T - 1, nr = T - r0;
-    const float *xr = s->x + (size_t)r0 * n_embd;                       /* (nr, n_embd) */
-    be->rmsnorm(be, s->xb, xr, m->output_norm, nr, n_embd, m->eps);     /* (nr, n_embd) */
+    /* rows wanted: the last one, or all (none: r0 = T); the last layer's
+     * output (xb) goes into every row of x (checked for finiteness after) */
+    const bool pending = m->info.n_layer > 0;
+    int r0 = logits_mode == KV_LOGITS_ALL ? 0 : logits_mode == KV_LOGITS_NONE ? T : T - 1, nr = T - r0;
+    if (pending && r0 == 0) {
+        add_norm(be, s->x, s->xb, s->xb, m->output_norm, T, n_embd, m->eps); /* (T, n_embd) */
+    } else {
+        if (pending) be->add(be, s->x, s->xb, (int64_t)T * n_embd);
+        if (nr == 0) return true;
+        const float *xr = s->x + (size_t)r0 * n_embd;                   /* (nr, n_embd) */
+        be->rmsnorm(be, s->xb, xr, m->output_norm, nr, n_embd, m->eps); /* (nr, n_embd) */
+    }
     be->matmul(be, &m->output, NULL, s->xb, nr, logits, n_vocab, s->mm_scratch); /* (nr, n_vocab) */
     if (m->final_softcap > 0.0f) be->softcap(be, logits, (int64_t)nr * n_vocab, m->final_softcap);
     return true;

@@ -17,19 +17,32 @@ static kv_status run_1d(kvcl_launch *L, int64_t n, const char *what, kv_error *e
     return kvcl_launch_run(L, 1, &g, &l, what, e);
 }
 
-kv_status kvcl_rmsnorm(kvcl_ctx *c, kvcl_view y, kvcl_view x, kvcl_buf *w, int64_t T, int64_t n, float eps,
-                       kv_error *e) {
-    cl_mem ym, xm, wm = NULL;
+/* rmsnorm of x into y, after x += a when a is given */
+static kv_status rmsnorm_run(kvcl_ctx *c, kvcl_view y, kvcl_view x, const kvcl_view *a, kvcl_buf *w, int64_t T,
+                             int64_t n, float eps, kv_error *e) {
+    cl_mem ym, xm, am = NULL, wm = NULL;
     if (T <= 0 || n <= 0 || n > INT32_MAX) return kv_fail(e, KV_ERR_ARG, "rmsnorm: bad shape (%lld, %lld)", (long long)T, (long long)n);
     if (kvcl_view_mem(y, (size_t)(T * n), "rmsnorm", &ym, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(x, (size_t)(T * n), "rmsnorm", &xm, e) != KV_OK) return KV_ERR_ARG;
+    if (a && kvcl_view_mem(*a, (size_t)(T * n), "rmsnorm addend", &am, e) != KV_OK) return KV_ERR_ARG;
     if (w && kvcl_view_mem(kvcl_at(w, 0), (size_t)n, "rmsnorm weight", &wm, e) != KV_OK) return KV_ERR_ARG;
     kvcl_launch L = kvcl_launch_begin(c, c->rmsnorm);
     kvcl_arg_mem(&L, ym), kvcl_arg_ulong(&L, y.off);
     kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off);
+    kvcl_arg_mem(&L, am), kvcl_arg_ulong(&L, a ? a->off : 0);
     kvcl_arg_mem(&L, wm), kvcl_arg_int(&L, (int)n), kvcl_arg_float(&L, eps);
     size_t g = (size_t)T * RMS_GROUP, l = RMS_GROUP;
     return kvcl_launch_run(&L, 1, &g, &l, "rmsnorm", e);
+}
+
+kv_status kvcl_rmsnorm(kvcl_ctx *c, kvcl_view y, kvcl_view x, kvcl_buf *w, int64_t T, int64_t n, float eps,
+                       kv_error *e) {
+    return rmsnorm_run(c, y, x, NULL, w, T, n, eps, e);
+}
+
+kv_status kvcl_add_rmsnorm(kvcl_ctx *c, kvcl_view x, kvcl_view a, kvcl_view y, kvcl_buf *w, int64_t T, int64_t n,
+                           float eps, kv_error *e) {
+    return rmsnorm_run(c, y, x, &a, w, T, n, eps, e);
 }
 
 /* What both RoPE launches check and pass: the rotation's shape and mode

@@ -73,6 +73,10 @@ int kvcl_prefill_path(const kvcl_ctx *c); /* KVCL_MM_TILED or KVCL_MM_CLBLAST */
 /* y(T, n) = x / rms(x) * w (w NULL: no weight); y may be x. */
 kv_status kvcl_rmsnorm(kvcl_ctx *c, kvcl_view y, kvcl_view x, kvcl_buf *w, int64_t T, int64_t n, float eps,
                        kv_error *e);
+/* x(T, n) += a, then y = x / rms(x) * w in one launch: the bits of
+ * kvcl_add and kvcl_rmsnorm; y may be a (not x). */
+kv_status kvcl_add_rmsnorm(kvcl_ctx *c, kvcl_view x, kvcl_view a, kvcl_view y, kvcl_buf *w, int64_t T, int64_t n,
+                           float eps, kv_error *e);
 /* x(T, n_head, head_dim) rotated in place at positions pos(T) (int32
  * buffer); rp->freq_factors is ignored: factors (n_rot / 2 floats) or NULL. */
 kv_status kvcl_rope(kvcl_ctx *c, kvcl_view x, int64_t T, int n_head, int head_dim, kvcl_buf *pos,

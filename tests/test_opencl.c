@@ -646,6 +646,43 @@ static void test_rmsnorm(kvcl_ctx *c, const char *label, double ulps) {
  * rounded division); cos and sin may differ by the device's 4 ulps
  * (OpenCL's bound) against the C library's: each output within
  * 8 eps (|a| + |b|) of its pair (a, b). */
+/* kvcl_add_rmsnorm: the bits of kvcl_add then kvcl_rmsnorm, x and the
+ * output (into the addend's buffer, as the forward pass does, or apart) */
+static void test_add_rmsnorm(kvcl_ctx *c) {
+    static const int64_t shapes[][2] = {{1, 576}, {7, 2048}, {3, 67}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t T = shapes[si][0], n = shapes[si][1];
+        float *x = xmalloc(sizeof(float) * T * n), *a = xmalloc(sizeof(float) * T * n), *w = xmalloc(sizeof(float) * n);
+        for (int64_t i = 0; i < T * n; i++) x[i] = frand() * 3, a[i] = frand();
+        for (int64_t i = 0; i < n; i++) w[i] = frand() + 1.0f;
+        float *x1 = xmalloc(sizeof(float) * T * n), *y1 = xmalloc(sizeof(float) * T * n);
+        float *x2 = xmalloc(sizeof(float) * T * n), *y2 = xmalloc(sizeof(float) * T * n);
+        for (int into_a = 0; into_a < 2; into_a++) {
+            kvcl_buf *xs = dev_floats(c, x, T * n), *as = dev_floats(c, a, T * n), *wb = dev_floats(c, w, n);
+            kvcl_buf *xf = dev_floats(c, x, T * n), *af = dev_floats(c, a, T * n);
+            kvcl_buf *ys = into_a ? as : dev_buf(c, NULL, sizeof(float) * T * n);
+            kvcl_buf *yf = into_a ? af : dev_buf(c, NULL, sizeof(float) * T * n);
+            kv_status st = kvcl_add(c, kvcl_at(xs, 0), kvcl_at(as, 0), T * n, &g_err);
+            if (st == KV_OK) st = kvcl_rmsnorm(c, kvcl_at(ys, 0), kvcl_at(xs, 0), wb, T, n, 1e-6f, &g_err);
+            if (st == KV_OK)
+                st = kvcl_add_rmsnorm(c, kvcl_at(xf, 0), kvcl_at(af, 0), kvcl_at(yf, 0), wb, T, n, 1e-6f, &g_err);
+            int differ = 0;
+            if (st == KV_OK) {
+                get_floats(c, xs, 0, x1, T * n), get_floats(c, ys, 0, y1, T * n);
+                get_floats(c, xf, 0, x2, T * n), get_floats(c, yf, 0, y2, T * n);
+                differ = (int)(2 * T * n) - count_exact(x1, x2, T * n) - count_exact(y1, y2, T * n);
+            }
+            char name[160];
+            snprintf(name, sizeof name, "add_rmsnorm (%lld, %lld)%s: the bits of add, then rmsnorm", (long long)T,
+                     (long long)n, into_a ? ", output over the addend" : "");
+            report(st == KV_OK && differ == 0, name, "%s; %d values differ", st ? g_err.msg : "", differ);
+            if (!into_a) kvcl_buf_free(ys), kvcl_buf_free(yf);
+            kvcl_buf_free(xs), kvcl_buf_free(as), kvcl_buf_free(xf), kvcl_buf_free(af), kvcl_buf_free(wb);
+        }
+        free(x), free(a), free(w), free(x1), free(y1), free(x2), free(y2);
+    }
+}
+
 static void test_rope(kvcl_ctx *c) {
     static const int hds[] = {64, 128, 256};
     for (int ci = 0; ci < 8; ci++) {
@@ -1115,6 +1152,7 @@ int main(void) {
     test_gemv_tiled_same(cp);
     test_matmul_n(cp);
     kvcl_close(cp);
+    test_add_rmsnorm(g_c);
     test_rope(g_c);
     test_rope_qk(g_c);
     test_pointwise(g_c);

@@ -23,12 +23,18 @@
 
 #define RMS_GROUP 64 /* work-group size of rmsnorm (the host launches with it) */
 
-/* y(T, n) = x / rms(x) * w (w may be NULL); y == x is fine. */
-kernel void rmsnorm(global float *y, ulong yoff, global const float *x, ulong xoff,
+/* y(T, n) = x / rms(x) * w (w may be NULL); y == x is fine. With a (not
+ * NULL), x += a first (the bits of add; y == a is fine): each item adds the
+ * elements it then sums and scales. */
+kernel void rmsnorm(global float *y, ulong yoff, global float *x, ulong xoff, global const float *a, ulong aoff,
                     global const float *w, int n, float eps) {
     const int row = get_group_id(0), lid = get_local_id(0);
-    const global float *xr = x + xoff + (ulong)row * n; /* (n) */
-    global float *yr = y + yoff + (ulong)row * n;       /* (n) */
+    global float *xr = x + xoff + (ulong)row * n;  /* (n) */
+    global float *yr = y + yoff + (ulong)row * n;  /* (n) */
+    if (a) {
+        const global float *ar = a + aoff + (ulong)row * n;
+        for (int i = lid; i < n; i += RMS_GROUP) xr[i] += ar[i];
+    }
 #ifdef RMS_DOUBLE
     local double part[RMS_GROUP];
     double s = 0.0;
