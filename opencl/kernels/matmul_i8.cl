@@ -272,11 +272,14 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
         scales16v(type, w + bytes32(type) * b, n, &d, &m);
         if (type != TYPE_Q8_0)
             for (int k = 0; k < MM_TOKENS; k++) c[k] = fma(has_min32(type) ? m : d, vload16(0, xs[k] + b), c[k]);
+        float8 dw[I8_GROUP / 2]; /* the pairs' scales by literal permutes (a variable one is lane by lane) */
+#pragma unroll
+        for (int j = 0; j < I8_GROUP; j += 2) dw[j / 2] = pair_scales(d, j);
         for (int j = 0; j < I8_GROUP; j += 4) { /* a pair for each chain */
             if (j >= n) break;
-            pair_i8(type, w, b + j, j + 1 < n, pair_scales(d, j), MM_TOKENS, xq, xd, a0);
+            pair_i8(type, w, b + j, j + 1 < n, dw[j / 2], MM_TOKENS, xq, xd, a0);
             if (j + 2 >= n) break;
-            pair_i8(type, w, b + j + 2, j + 3 < n, pair_scales(d, j + 2), MM_TOKENS, xq, xd, a1);
+            pair_i8(type, w, b + j + 2, j + 3 < n, dw[j / 2 + 1], MM_TOKENS, xq, xd, a1);
         }
     }
     for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
