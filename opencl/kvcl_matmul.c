@@ -11,7 +11,10 @@
  *
  * Prefill (T > 1) takes TILED or CLBLAST, whichever kvcl_prefill_choose
  * measured faster on the device (the choice is kept on disk next to the
- * program binaries). Weights split over several buffer parts are handled
+ * program binaries). Where the program's integer kernels compute (x86 CPU
+ * drivers: c->int_dot), Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 take them for GEMV
+ * and TILED instead: x quantized per 32 into scratch (quant_x), then
+ * gemv_i8 / gemv3_i8 / tiled_i8 (matmul_i8.cl). Weights split over several buffer parts are handled
  * part by part: each launch covers the part's rows, writing the outputs of
  * rows row0 .. row0 + rows - 1.
  */

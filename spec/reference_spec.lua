@@ -41,9 +41,10 @@ end
 
 -- Every check runs on the CPU engine and, where an OpenCL device exists, on
 -- the OpenCL backend with the same bounds: its matrix products multiply
--- float activations (the CPU's are 8-bit), so its logits are other
--- rounding of the same computation and must be as close to the float64
--- pass and to llama.cpp as the CPU's are.
+-- float activations (on GPUs) or 8-bit ones quantized as the CPU's (the
+-- 32-element formats on x86 CPU drivers), in other orders, so its logits
+-- are other rounding of the same computation and must be as close to the
+-- float64 pass and to llama.cpp as the CPU's are.
 local backends = { "cpu" }
 if #kvlua.devices() > 0 and os.getenv("KVLUA_NO_OPENCL") ~= "1" then backends[2] = "opencl" end
 

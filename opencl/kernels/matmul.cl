@@ -21,7 +21,9 @@
  * first row (outputs and bias are indexed by the global row row0 + r).
  * Float activations: the weights are dequantized to float, not the inputs
  * quantized (the CPU engine quantizes x to 8 bits; see the tests for the
- * difference that makes).
+ * difference that makes). On x86 CPU drivers the 32-element quantized
+ * formats take matmul_i8.cl's integer kernels instead (the host decides:
+ * kvcl_matmul.c).
  */
 #pragma OPENCL FP_CONTRACT ON
 
