@@ -106,20 +106,30 @@ KV_INL void gemv(const int type, GEMV_PARAMS) {
         int n2, int cols, global const float *x, ulong xoff, global float *y0, ulong y0off, global float *y1,  \
         ulong y1off, global float *y2, ulong y2off, global const float *b0, global const float *b1,          \
         global const float *b2
+/* item r of a gemv3 launch: the weight, output and bias of its row, r
+ * made the row within that weight; false past n0 + n1 + n2 */
+KV_INL bool gemv3_row(int *r, int n0, int n1, int n2, global const uchar *W0, global const uchar *W1,
+                      global const uchar *W2, global float *y0, global float *y1, global float *y2,
+                      global const float *b0, global const float *b1, global const float *b2, global const uchar **W,
+                      global float **y, global const float **bias) {
+    if (*r < n0) {
+        *W = W0, *y = y0, *bias = b0;
+    } else if ((*r -= n0) < n1) {
+        *W = W1, *y = y1, *bias = b1;
+    } else if ((*r -= n1) < n2) {
+        *W = W2, *y = y2, *bias = b2;
+    } else {
+        return false;
+    }
+    return true;
+}
+
 KV_INL void gemv3(const int type, GEMV3_PARAMS) {
     int r = get_global_id(0);
     global const uchar *W;
     global float *y;
     global const float *bias;
-    if (r < n0) {
-        W = W0, y = y0 + y0off, bias = b0;
-    } else if ((r -= n0) < n1) {
-        W = W1, y = y1 + y1off, bias = b1;
-    } else if ((r -= n1) < n2) {
-        W = W2, y = y2 + y2off, bias = b2;
-    } else {
-        return;
-    }
+    if (!gemv3_row(&r, n0, n1, n2, W0, W1, W2, y0 + y0off, y1 + y1off, y2 + y2off, b0, b1, b2, &W, &y, &bias)) return;
     float s = row_dot(type, W + r * row_bytes, x + xoff, cols);
     if (bias) s += bias[r];
     y[r] = s;

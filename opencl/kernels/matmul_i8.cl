@@ -234,15 +234,7 @@ KV_INL void gemv3_i8(const int type, GEMV3_I8_PARAMS) {
     global const uchar *W;
     global float *y;
     global const float *bias;
-    if (r < n0) {
-        W = W0, y = y0 + y0off, bias = b0;
-    } else if ((r -= n0) < n1) {
-        W = W1, y = y1 + y1off, bias = b1;
-    } else if ((r -= n1) < n2) {
-        W = W2, y = y2 + y2off, bias = b2;
-    } else {
-        return;
-    }
+    if (!gemv3_row(&r, n0, n1, n2, W0, W1, W2, y0 + y0off, y1 + y1off, y2 + y2off, b0, b1, b2, &W, &y, &bias)) return;
     float s = row_dot_i8(type, W + r * row_bytes, cols / 32, I8_Q(0), I8_D(0), I8_S(0));
     if (bias) s += bias[r];
     y[r] = s;
