@@ -146,6 +146,26 @@ static void bench_shape(kvcl_ctx *c, kv_pool *pool, int type, int64_t rows, int6
     free(xs), free(ys), free(scratch);
 }
 
+/* microseconds a launch of a one-item kernel costs: queued back to back
+ * (one wait for all), and with a wait after each */
+static void bench_launch(kvcl_ctx *c) {
+    kvcl_buf *b;
+    if (kvcl_buf_create(c, sizeof(float), 1, &b, &g_err) || kvcl_write(c, b, 0, &(float){1.0f}, sizeof(float), &g_err))
+        die("buffer");
+    const int n = 2000;
+    double t[2];
+    for (int wait = 0; wait < 2; wait++) {
+        if (kvcl_scale(c, kvcl_at(b, 0), 1, 1.0f, &g_err) || kvcl_finish(c, &g_err)) die("launch");
+        const double t0 = now();
+        for (int i = 0; i < n; i++)
+            if (kvcl_scale(c, kvcl_at(b, 0), 1, 1.0f, &g_err) || (wait && kvcl_finish(c, &g_err))) die("launch");
+        if (kvcl_finish(c, &g_err)) die("finish");
+        t[wait] = (now() - t0) / n * 1e6;
+    }
+    printf("launch: %.1f us queued, %.1f us with a wait after each\n", t[0], t[1]);
+    kvcl_buf_free(b);
+}
+
 int main(int argc, char **argv) {
     const int device = argc > 1 ? atoi(argv[1]) : 0;
     const double secs = argc > 2 ? atof(argv[2]) : 0.5;
@@ -160,6 +180,7 @@ int main(int argc, char **argv) {
     const kvcl_device_info *d = kvcl_ctx_device(c);
     printf("device %d: %s (%s); CPU engine: %s on %d threads\n", device, d->name, d->platform, kv_simd_name(),
            kv_pool_size(pool));
+    bench_launch(c);
 
     static const int64_t shapes[][2] = {{8192, 2048}, {1536, 576}}; /* Llama-3.2-1B FFN up, SmolLM2-135M FFN up */
     for (int s = 0; s < 2; s++) {
