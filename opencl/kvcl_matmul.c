@@ -212,7 +212,7 @@ static kv_status mm_clblast(const mm_call *m, kv_error *e) {
 /* ==== integer dot products (matmul_i8.cl) ======================================= */
 
 #define I8_GROUP 16 /* = I8_GROUP in matmul_i8.cl */
-#define I8_RECORD 52 /* bytes of a token's quantized x per block (matmul_i8.cl) */
+#define I8_RECORD 52 /* = I8_RECORD in matmul_i8.cl: bytes of a token's quantized x per block */
 
 /* blocks of a token's record: cols / 32 rounded up to I8_GROUP */
 static int64_t i8_blocks(int64_t cols) { return (cols / 32 + I8_GROUP - 1) / I8_GROUP * I8_GROUP; }

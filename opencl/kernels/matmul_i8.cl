@@ -48,11 +48,14 @@ kernel void int_dot_caps(global int *out) { out[0] = KV_INT_DOT; }
 
 #define I8_GROUP 16 /* blocks a scale group (and nbx a multiple of it) */
 
-/* the quantized activations: token t's record at xr + t * 52 nbx */
+/* bytes of a token's record per block: 32 quants, 4 scales, a sum (= I8_RECORD in kvcl_matmul.c) */
+#define I8_RECORD 52
+
+/* the quantized activations: token t's record at xr + t * I8_RECORD nbx */
 #define I8_PARAMS global const char *xr, int nbx
 
 /* token t's quants, scales and sums */
-#define I8_Q(t) (xr + (ulong)(t) * nbx * 52)
+#define I8_Q(t) (xr + (ulong)(t) * nbx * I8_RECORD)
 #define I8_D(t) ((const global float *)(I8_Q(t) + 32 * nbx))
 #define I8_S(t) ((const global float *)(I8_Q(t) + 48 * nbx))
 
@@ -60,7 +63,7 @@ kernel void int_dot_caps(global int *out) { out[0] = KV_INT_DOT; }
 kernel void quant_x(global const float *x, ulong xoff, int cols, global char *xr, int nbx) {
     const int p = get_global_id(0), t = get_global_id(1), nb = cols / 32;
     if (2 * p >= nbx) return;
-    global char *rec = xr + (ulong)t * nbx * 52, *qp = rec + 64 * p;
+    global char *rec = xr + (ulong)t * nbx * I8_RECORD, *qp = rec + 64 * p;
     global float *xd = (global float *)(rec + 32 * nbx), *xs = (global float *)(rec + 48 * nbx);
     for (int j = 0; j < 2; j++) {
         const int b = 2 * p + j;
