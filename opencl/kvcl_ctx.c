@@ -96,14 +96,17 @@ kv_status kvcl_launch_run(kvcl_launch *L, int dims, const size_t *global, const 
 
 /* ==== opening ================================================================== */
 
-/* The types matmul.cl instantiates its kernels for, and their suffixes. */
+/* The types matmul.cl instantiates its kernels for, their suffixes, and
+ * whether matmul_i8.cl has integer kernels for them. */
 static const struct {
     int type;
     const char *suffix;
+    bool i8;
 } k_types[] = {
-    {KV_TYPE_F32, "f32"},   {KV_TYPE_F16, "f16"},   {KV_TYPE_BF16, "bf16"}, {KV_TYPE_Q4_0, "q4_0"},
-    {KV_TYPE_Q4_1, "q4_1"}, {KV_TYPE_Q5_0, "q5_0"}, {KV_TYPE_Q5_1, "q5_1"}, {KV_TYPE_Q8_0, "q8_0"},
-    {KV_TYPE_Q4_K, "q4_k"}, {KV_TYPE_Q5_K, "q5_k"}, {KV_TYPE_Q6_K, "q6_k"},
+    {KV_TYPE_F32, "f32", false},   {KV_TYPE_F16, "f16", false},   {KV_TYPE_BF16, "bf16", false},
+    {KV_TYPE_Q4_0, "q4_0", true},  {KV_TYPE_Q4_1, "q4_1", true},  {KV_TYPE_Q5_0, "q5_0", true},
+    {KV_TYPE_Q5_1, "q5_1", true},  {KV_TYPE_Q8_0, "q8_0", true},  {KV_TYPE_Q4_K, "q4_k", false},
+    {KV_TYPE_Q5_K, "q5_k", false}, {KV_TYPE_Q6_K, "q6_k", false},
 };
 
 static kv_status kernel(kvcl_ctx *c, const char *name, cl_kernel *out, kv_error *e) {
@@ -127,9 +130,7 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
             snprintf(name, sizeof name, "%s_%s", kinds[j].prefix, k_types[i].suffix);
             if (kernel(c, name, kinds[j].k, e) != KV_OK) return KV_ERR_DEVICE;
         }
-        const int ty = k_types[i].type;
-        if (ty != KV_TYPE_Q4_0 && ty != KV_TYPE_Q4_1 && ty != KV_TYPE_Q5_0 && ty != KV_TYPE_Q5_1 && ty != KV_TYPE_Q8_0)
-            continue;
+        if (!k_types[i].i8) continue;
         const struct {
             const char *prefix;
             cl_kernel *k;

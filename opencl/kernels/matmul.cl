@@ -160,42 +160,31 @@ KV_INL void gemv_wg(const int type, GEMV_PARAMS, local float *part) {
     if (lid == 0) y[yoff + (ulong)t * ldy + row0 + r] = part[0] + (bias ? bias[row0 + r] : 0.0f);
 }
 
-/* item (r, tb): tokens 8 tb .. 8 tb + 7 (< T) of row r. Tokens past T
- * read token T - 1 and are not stored. */
+/* item (r, tb): tokens 8 tb .. 8 tb + 7 (< T) of row r, for the K-quants
+ * (256-element blocks; the others take tiled_pair). Tokens past T read
+ * token T - 1 and are not stored. */
 KV_INL void tiled(const int type, GEMV_PARAMS, int T) {
     const int r = get_global_id(0), t0 = get_global_id(1) * MM_TOKENS;
     if (r >= rows) return;
     const global uchar *w = W + r * row_bytes;
     const global float *xt[MM_TOKENS];
     for (int k = 0; k < MM_TOKENS; k++) xt[k] = x + xoff + (ulong)min(t0 + k, T - 1) * cols;
-    const int be = block_elems(type), nb = cols / be;
+    const int nb = cols / 256; /* K-quant rows are whole super-blocks */
     float16 acc0[MM_TOKENS], acc1[MM_TOKENS], v[16];
     for (int k = 0; k < MM_TOKENS; k++) acc0[k] = acc1[k] = 0.0f;
     for (int b = 0; b < nb; b++) { /* row_dot's order of the sums, for each token */
         deq_block(type, w, b, v);
-        if (be == 32) {
-            if (b & 1)
 #pragma unroll
-                for (int k = 0; k < MM_TOKENS; k++)
-                    acc1[k] = fma(v[1], vload16(1, xt[k] + 32 * b), fma(v[0], vload16(0, xt[k] + 32 * b), acc1[k]));
-            else
+        for (int j = 0; j < 16; j++)
 #pragma unroll
-                for (int k = 0; k < MM_TOKENS; k++)
-                    acc0[k] = fma(v[1], vload16(1, xt[k] + 32 * b), fma(v[0], vload16(0, xt[k] + 32 * b), acc0[k]));
-        } else {
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-#pragma unroll
-                for (int k = 0; k < MM_TOKENS; k++) {
-                    const float16 xk = vload16(j, xt[k] + be * b);
-                    if ((j / 2) % 2) acc1[k] = fma(v[j], xk, acc1[k]);
-                    else acc0[k] = fma(v[j], xk, acc0[k]);
-                }
-        }
+            for (int k = 0; k < MM_TOKENS; k++) {
+                const float16 xk = vload16(j, xt[k] + 256 * b);
+                if ((j / 2) % 2) acc1[k] = fma(v[j], xk, acc1[k]);
+                else acc0[k] = fma(v[j], xk, acc0[k]);
+            }
     }
     for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
         float s = hsum16(acc0[k] + acc1[k]);
-        for (int i = be * nb; i < cols; i++) s = fma(deq1(type, w, i), xt[k][i], s);
         if (bias) s += bias[row0 + r];
         y[yoff + (ulong)(t0 + k) * ldy + row0 + r] = s;
     }

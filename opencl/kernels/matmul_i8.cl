@@ -162,10 +162,9 @@ KV_INL float i8_result(const int type, float8 a0, float8 a1, float16 c) {
 
 /* blocks b, b + 1 of row w (dw: their scales, four lanes each; without a
  * second block, b again with scale 0 against x's zero block) for nt
- * tokens into token k's
- * chain a[k] (a0 or a1: (b / 2) % 2, a literal at every call, or the
- * chains would live in memory), against its record's quants xq[k] and
- * scales xd[k]; the weight blocks unpacked once for all nt */
+ * tokens into token k's chain a[k] (a0 or a1: (b / 2) % 2, a literal at
+ * every call, or the chains would live in memory), against its record's
+ * quants xq[k] and scales xd[k]; the weight blocks unpacked once for all nt */
 KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, float8 dw, const int nt,
                     const global char *const *xq, const global float *const *xd, float8 *a) {
     const global uchar *w0 = w + bytes32(type) * b, *w1 = two ? w0 + bytes32(type) : w0;
@@ -179,20 +178,31 @@ KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, floa
     }
 }
 
+/* the start of the group of n <= I8_GROUP blocks from b of row w for nt
+ * tokens: its scales (returned) and each token's correction chain c[k]
+ * against its sums xs[k] */
+KV_INL float16 group_start(const int type, const global uchar *w, int b, int n, const int nt,
+                           const global float *const *xs, float16 *c) {
+    float16 d, m;
+    scales16v(type, w + bytes32(type) * b, n, &d, &m);
+    if (type != TYPE_Q8_0)
+        for (int k = 0; k < nt; k++) c[k] = fma(has_min32(type) ? m : d, vload16(0, xs[k] + b), c[k]);
+    return d;
+}
+
 /* the n <= I8_GROUP blocks from b (a multiple of I8_GROUP) of row w for
  * one token (record xq, xd, xs), pair by pair (pair_i8), and its
  * correction chain c. For whole groups n is a literal: the guards fold
  * away and the pairs unroll (scalar scale gathers and a loop per pair held
  * the GEMV to two thirds). */
 KV_INL void group_i8(const int type, const global uchar *w, int b, int n, const global char *const *xq,
-                     const global float *const *xd, const global float *xs, float8 *a0, float8 *a1, float16 *c) {
-    float16 d, m;
+                     const global float *const *xd, const global float *const *xs, float8 *a0, float8 *a1,
+                     float16 *c) {
     /* the group after next into the cache (past the row: the next item's
      * row; a prefetch never faults): the scale gathers waited on memory */
 #pragma unroll
     for (int l = 0; l < I8_GROUP * bytes32(type); l += 64) __builtin_prefetch(w + bytes32(type) * (b + 2 * I8_GROUP) + l);
-    scales16v(type, w + bytes32(type) * b, n, &d, &m);
-    if (type != TYPE_Q8_0) *c = fma(has_min32(type) ? m : d, vload16(0, xs + b), *c);
+    const float16 d = group_start(type, w, b, n, 1, xs, c);
 #pragma unroll
     for (int j = 0; j < I8_GROUP; j += 2)
         if (j < n)
@@ -205,8 +215,8 @@ KV_INL float row_dot_i8(const int type, const global uchar *w, int nb, const glo
     float8 a0 = 0.0f, a1 = 0.0f;
     float16 c = 0.0f;
     int b = 0;
-    for (; b + I8_GROUP <= nb; b += I8_GROUP) group_i8(type, w, b, I8_GROUP, &xq, &xd, xs, &a0, &a1, &c);
-    if (b < nb) group_i8(type, w, b, nb - b, &xq, &xd, xs, &a0, &a1, &c);
+    for (; b + I8_GROUP <= nb; b += I8_GROUP) group_i8(type, w, b, I8_GROUP, &xq, &xd, &xs, &a0, &a1, &c);
+    if (b < nb) group_i8(type, w, b, nb - b, &xq, &xd, &xs, &a0, &a1, &c);
     return i8_result(type, a0, a1, c);
 }
 #endif
@@ -263,10 +273,7 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
     for (int k = 0; k < MM_TOKENS; k++) a0[k] = a1[k] = 0.0f, c[k] = 0.0f;
     for (int b = 0; b < nb; b += I8_GROUP) { /* group_i8's steps for 8 tokens, the pairs not unrolled */
         const int n = min(I8_GROUP, nb - b);
-        float16 d, m;
-        scales16v(type, w + bytes32(type) * b, n, &d, &m);
-        if (type != TYPE_Q8_0)
-            for (int k = 0; k < MM_TOKENS; k++) c[k] = fma(has_min32(type) ? m : d, vload16(0, xs[k] + b), c[k]);
+        const float16 d = group_start(type, w, b, n, MM_TOKENS, xs, c);
         float8 dw[I8_GROUP / 2]; /* the pairs' scales by literal permutes (a variable one is lane by lane) */
 #pragma unroll
         for (int j = 0; j < I8_GROUP; j += 2) dw[j / 2] = pair_scales(d, j);
