@@ -108,7 +108,7 @@ struct kv_backend {
      * Q, K, V and the attention output for quantized K/V pages. */
     void (*hadamard)(kv_backend *b, float *x, int64_t rows, int64_t n);
     /* gate(T, n) = act(gate) * up(T, n). */
-    void (*ffn_act)(kv_backend *b, float *gate, const float *up, int64_t n, int act);
+    void (*ffn_act)(kv_backend *b, float *gate, const float *up, int64_t T, int64_t n, int act);
     /* x(n) = cap * tanh(x / cap). */
     void (*softcap)(kv_backend *b, float *x, int64_t n, float cap);
     /* out(T, emb.cols) = rows ids(T) of the embedding table. */

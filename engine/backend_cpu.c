@@ -339,9 +339,9 @@ static void act_range(void *arg, int64_t i0, int64_t i1) {
     ffn_act_serial(a->c, a->gate + i0, a->up + i0, i1 - i0, a->act);
 }
 
-static void cpu_ffn_act(kv_backend *b, float *gate, const float *up, int64_t n, int act) {
+static void cpu_ffn_act(kv_backend *b, float *gate, const float *up, int64_t T, int64_t n, int act) {
     act_args a = {b->ctx, gate, up, act};
-    par_for(b->ctx, n, 8192, act_range, &a);
+    par_for(b->ctx, T * n, 8192, act_range, &a);
 }
 
 static void ffn_act_serial(const cpu_ctx *c, float *gate, const float *up, int64_t n, int act) {

@@ -125,7 +125,7 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
     add_norm(be, s->x, s->xb, s->xb, L->ffn_norm, T, n_embd, m->eps); /* x += attention output */
     matmuls(be, 2, (const kv_weight *[]){&L->w_gate, &L->w_up}, (const float *[]){NULL, NULL}, s->xb, T,
             (float *[]){s->gate, s->up}, s->mm_scratch); /* (T, n_ff) each */
-    be->ffn_act(be, s->gate, s->up, (int64_t)T * n_ff, m->act);
+    be->ffn_act(be, s->gate, s->up, T, n_ff, m->act);
     be->matmul(be, &L->w_down, NULL, s->gate, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
     if (L->post_ffw_norm) be->rmsnorm(be, s->xb, s->xb, L->post_ffw_norm, T, n_embd, m->eps);
     return true; /* xb: added to x by the next layer or forward_rows */

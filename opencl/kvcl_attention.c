@@ -8,7 +8,9 @@
  * keys are split into slices of ATT_SPLIT_KEYS positions, every slice a
  * work-group of its own, and attention_merge combines the slices in key
  * order. The slice boundaries depend on positions only, never on the
- * device, so results are reproducible.
+ * device, so results are reproducible. A decode on a CPU driver (gemv
+ * ROW) takes attention_row instead: an item per query head and slice,
+ * the same operations without local memory or barriers.
  */
 #include "kvcl_internal.h"
 #include "kvcl_ops.h"
@@ -136,7 +138,13 @@ kv_status kvcl_attention(kvcl_ctx *c, const kvcl_pages *pg, const kv_attn_params
         kv_status st = kvcl_scratch(c, sizeof(float) * (size_t)s.n_split * rows * (ap->head_dim_v + 2), &part, e);
         if (st != KV_OK) return st;
     }
-    kvcl_launch L = kvcl_launch_begin(c, c->attention);
+    /* one split: the output's records for the product that reads it (whole blocks a head) */
+    int nbx = 0;
+    const int64_t cols = (int64_t)ap->n_head * ap->head_dim_v;
+    cl_mem rec = s.n_split == 1 && ap->head_dim_v % 32 == 0 ? kvcl_xq_target(c, cols, T, &nbx) : NULL;
+    /* decode on a CPU driver: attention_row, an item per (query head, split) */
+    const bool row = T == 1 && c->gemv == KVCL_GEMV_ROW;
+    kvcl_launch L = kvcl_launch_begin(c, row ? c->attention_row : c->attention);
     kvcl_arg_mem(&L, qm), kvcl_arg_ulong(&L, q.off);
     kvcl_arg_mem(&L, pg->k->parts[0]), kvcl_arg_mem(&L, pg->v->parts[0]);
     page_args(&L, pg);
@@ -148,7 +156,10 @@ kv_status kvcl_attention(kvcl_ctx *c, const kvcl_pages *pg, const kv_attn_params
     kvcl_arg_int(&L, ap->window), kvcl_arg_float(&L, ap->softcap);
     kvcl_arg_int(&L, s.tb), kvcl_arg_int(&L, s.bk), kvcl_arg_int(&L, s.split_len), kvcl_arg_int(&L, s.n_split);
     kvcl_arg_mem(&L, s.n_split == 1 ? om : NULL), kvcl_arg_ulong(&L, out.off), kvcl_arg_mem(&L, part);
+    kvcl_arg_mem(&L, rec), kvcl_arg_int(&L, nbx);
     size_t g[3] = {(size_t)(s.blocks * s.R), (size_t)ap->n_head_kv, (size_t)s.n_split}, l[3] = {(size_t)s.R, 1, 1};
+    if (row) g[0] = (size_t)ap->n_head, g[1] = (size_t)s.n_split, g[2] = 1, l[0] = 1;
     if (kvcl_launch_run(&L, 3, g, l, "attention", e) != KV_OK) return c->failed;
+    if (rec) kvcl_xq_set(c, om, out.off, cols, T, rec);
     return s.n_split > 1 ? merge(c, part, &s, rows, ap->head_dim_v, om, out.off, e) : KV_OK;
 }

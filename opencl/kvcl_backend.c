@@ -368,12 +368,12 @@ static void cl_hadamard(kv_backend *b, float *x, int64_t rows, int64_t n) {
     keep(S, st, &e);
 }
 
-static void cl_ffn_act(kv_backend *b, float *gate, const float *up, int64_t n, int act) {
+static void cl_ffn_act(kv_backend *b, float *gate, const float *up, int64_t T, int64_t n, int act) {
     cl_state *S = b->ctx;
     kvcl_view gv, uv;
     if (failed(S) || !dev_view(S, gate, &gv) || !dev_view(S, up, &uv)) return;
     kv_error e;
-    kv_status st = kvcl_ffn_act(S->c, gv, uv, n, act, &e);
+    kv_status st = kvcl_ffn_act(S->c, gv, uv, T, n, act, &e);
     keep(S, st, &e);
 }
 

@@ -82,6 +82,7 @@ kv_status kvcl_view_mem(kvcl_view v, size_t n, const char *what, cl_mem *out, kv
  * usable; other errors mark it failed. */
 static kv_status copy(kvcl_ctx *c, kvcl_buf *b, size_t off, void *host, size_t n, bool write, kv_error *e) {
     if (kvcl_check(c, e) != KV_OK) return c->failed;
+    if (write) c->xq.rec = NULL; /* records of what it overwrites would be stale */
     if (off > b->bytes || n > b->bytes - off)
         return kv_fail(e, KV_ERR_ARG, "OpenCL %s of %zu bytes at %zu: the buffer holds %zu", write ? "write" : "read",
                        n, off, b->bytes);
@@ -118,6 +119,7 @@ kv_status kvcl_copy(kvcl_ctx *c, kvcl_buf *dst, size_t doff, kvcl_buf *src, size
     if (doff > dst->bytes || n > dst->bytes - doff || soff > src->bytes || n > src->bytes - soff)
         return kv_fail(e, KV_ERR_ARG, "OpenCL copy of %zu bytes from %zu to %zu: past a buffer", n, soff, doff);
     if (n == 0) return KV_OK;
+    c->xq.rec = NULL;
     cl_int err = clEnqueueCopyBuffer(c->q, sm, dm, soff, doff, n, 0, NULL, NULL);
     return err == CL_SUCCESS ? KV_OK : kvcl_mark_failed(c, e, err, "copy");
 }

@@ -71,7 +71,11 @@ kv_status kvcl_finish(kvcl_ctx *c, kv_error *e) {
 
 /* ==== launches ================================================================ */
 
-kvcl_launch kvcl_launch_begin(kvcl_ctx *c, cl_kernel k) { return (kvcl_launch){c, k, 0, CL_SUCCESS}; }
+/* a launch may write the buffer whose records c->xq names: they are stale then */
+kvcl_launch kvcl_launch_begin(kvcl_ctx *c, cl_kernel k) {
+    c->xq.rec = NULL;
+    return (kvcl_launch){c, k, 0, CL_SUCCESS};
+}
 
 static void arg(kvcl_launch *L, size_t size, const void *v) {
     cl_int err = clSetKernelArg(L->k, L->n++, size, v);
@@ -147,7 +151,8 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
         {"rmsnorm", &c->rmsnorm},       {"rope", &c->rope},       {"rope_qk", &c->rope_qk}, {"add", &c->add},
         {"scale", &c->scale},           {"softcap", &c->softcap}, {"add_bias", &c->add_bias},
         {"ffn_act", &c->ffn_act},       {"all_finite", &c->all_finite}, {"kv_store", &c->kv_store},
-        {"attention", &c->attention},   {"attention_merge", &c->attention_merge},
+        {"attention", &c->attention},   {"attention_row", &c->attention_row},
+        {"attention_merge", &c->attention_merge},
         {"hadamard", &c->hadamard},     {"quant_x", &c->quant_x},
     };
     for (size_t j = 0; j < sizeof named / sizeof named[0]; j++)
@@ -243,11 +248,13 @@ void kvcl_close(kvcl_ctx *c) {
     }
     cl_kernel named[] = {c->rmsnorm,  c->rope,     c->rope_qk,   c->add,       c->scale,
                          c->softcap,  c->add_bias, c->ffn_act,   c->all_finite,
-                         c->kv_store, c->attention, c->attention_merge, c->hadamard, c->quant_x};
+                         c->kv_store, c->attention, c->attention_row, c->attention_merge, c->hadamard, c->quant_x};
     for (size_t j = 0; j < sizeof named / sizeof named[0]; j++)
         if (named[j]) clReleaseKernel(named[j]);
     if (c->prog) clReleaseProgram(c->prog);
     if (c->scratch) clReleaseMemObject(c->scratch);
+    for (int i = 0; i < KVCL_XREC_SLOTS; i++)
+        if (c->xrec[i].m) clReleaseMemObject(c->xrec[i].m);
     if (c->flag) clReleaseMemObject(c->flag);
     if (c->q) clReleaseCommandQueue(c->q);
     if (c->ctx) clReleaseContext(c->ctx);

@@ -28,6 +28,8 @@ extern const int kvcl_kernel_count;
 
 /* ---- context ---- */
 
+#define KVCL_XREC_SLOTS 4 /* row widths with records at once (n_embd, n_ff, attention's) */
+
 /* the kernels of one weight type (matmul.cl; the *_i8 ones matmul_i8.cl,
  * for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, NULL for the others) */
 typedef struct {
@@ -51,7 +53,25 @@ struct kvcl_ctx {
 
     kvcl_type_kernels mm[KV_TYPE_COUNT];
     cl_kernel rmsnorm, rope, rope_qk, add, scale, softcap, add_bias, ffn_act, all_finite, hadamard;
-    cl_kernel kv_store, attention, attention_merge, quant_x;
+    cl_kernel kv_store, attention, attention_row, attention_merge, quant_x;
+
+    /* Records of quantized activations (matmul_i8.cl) that a kernel wrote
+     * with its output (rmsnorm, ffn_act, attention), so the product that
+     * reads that output skips quant_x: one buffer per row width (the zero
+     * blocks past it written once), and which rows the last launch left
+     * there. kvcl_xq_target / kvcl_xq_set (kvcl_matmul.c). */
+    struct {
+        cl_mem m;
+        size_t bytes;
+        int64_t cols;
+    } xrec[KVCL_XREC_SLOTS];
+    int xrec_next; /* the slot a new width takes */
+    struct {
+        cl_mem x;     /* the output's buffer and offset (floats) */
+        size_t off;
+        int64_t cols, T;
+        cl_mem rec;   /* NULL: none (every launch and write clears it) */
+    } xq;
 
     uint64_t in_use;      /* bytes of buffers (and scratch) allocated, at most info.memory */
     cl_mem scratch;       /* grows on demand: CLBlast tiles, attention partials */
@@ -92,6 +112,13 @@ void kvcl_cache_path(const kvcl_ctx *c, const char *suffix, char *out, size_t ca
 /* Scratch of at least bytes (reallocated when smaller; the old buffer is
  * released once queued commands are done with it). */
 kv_status kvcl_scratch(kvcl_ctx *c, size_t bytes, cl_mem *out, kv_error *e);
+
+/* Where a kernel writing x(T, cols) should write its records too (the
+ * buffer, *nbx its blocks per row), or NULL: not an integer-kernel device,
+ * cols not a multiple of 32, or no room (then the product quantizes x
+ * itself). kvcl_xq_set after the launch says they are there. */
+cl_mem kvcl_xq_target(kvcl_ctx *c, int64_t cols, int64_t T, int *nbx);
+void kvcl_xq_set(kvcl_ctx *c, cl_mem x, size_t off, int64_t cols, int64_t T, cl_mem rec);
 
 /* The single part of a buffer meant for activations (error when split). */
 kv_status kvcl_buf_single(const kvcl_buf *b, const char *what, cl_mem *out, kv_error *e);

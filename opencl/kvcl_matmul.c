@@ -86,6 +86,7 @@ typedef struct {
     cl_mem bias, x, y;
     size_t xoff, yoff;
     int64_t T, ldy;
+    cl_mem rec; /* x's records (all T tokens), or NULL */
 } mm_call;
 
 /* rows in part p and the global index of its first row */
@@ -223,6 +224,48 @@ static bool int_path(const kvcl_ctx *c, const kvcl_weight *w) {
     return c->int_dot && c->mm[w->type].gemv_i8 && (uint64_t)i8_blocks(w->cols) * I8_RECORD <= c->max_alloc;
 }
 
+#define XREC_MAX (64u << 20) /* bytes of one width's records at most */
+
+cl_mem kvcl_xq_target(kvcl_ctx *c, int64_t cols, int64_t T, int *nbx) {
+    if (!c->int_dot || cols <= 0 || cols % 32 || cols > INT32_MAX || T <= 0 || T > INT32_MAX) return NULL;
+    const uint64_t bytes = (uint64_t)T * (uint64_t)i8_blocks(cols) * I8_RECORD;
+    if (bytes > XREC_MAX || bytes > c->max_alloc) return NULL;
+    *nbx = (int)i8_blocks(cols);
+    int i = 0;
+    while (i < KVCL_XREC_SLOTS && !(c->xrec[i].m && c->xrec[i].cols == cols)) i++;
+    if (i == KVCL_XREC_SLOTS) i = c->xrec_next, c->xrec_next = (c->xrec_next + 1) % KVCL_XREC_SLOTS;
+    else if (c->xrec[i].bytes >= bytes) return c->xrec[i].m;
+    /* a new buffer for this width, its blocks all zero (the kernels write only blocks < cols / 32) */
+    if (c->xrec[i].m) clReleaseMemObject(c->xrec[i].m); /* freed once queued commands are done with it */
+    c->in_use -= c->xrec[i].bytes;
+    c->xrec[i].m = NULL, c->xrec[i].bytes = 0;
+    if (bytes > c->info.memory - c->in_use) return NULL;
+    cl_int err;
+    cl_mem m = clCreateBuffer(c->ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err != CL_SUCCESS) return NULL;
+    static const cl_char zero = 0;
+    if (clEnqueueFillBuffer(c->q, m, &zero, 1, 0, bytes, 0, NULL, NULL) != CL_SUCCESS) {
+        clReleaseMemObject(m);
+        return NULL;
+    }
+    c->xrec[i].m = m, c->xrec[i].bytes = bytes, c->xrec[i].cols = cols;
+    c->in_use += bytes;
+    return m;
+}
+
+void kvcl_xq_set(kvcl_ctx *c, cl_mem x, size_t off, int64_t cols, int64_t T, cl_mem rec) {
+    c->xq.x = x, c->xq.off = off, c->xq.cols = cols, c->xq.T = T, c->xq.rec = rec;
+}
+
+/* the records of x(T, cols) at (xm, off) if the last launch wrote them
+ * (then forgotten: the next launch would clear them anyway) */
+static cl_mem xq_take(kvcl_ctx *c, kvcl_view x, int64_t cols, int64_t T) {
+    cl_mem rec = c->xq.rec;
+    c->xq.rec = NULL;
+    const cl_mem xm = x.buf && x.buf->n_parts == 1 ? x.buf->parts[0] : NULL;
+    return rec && xm && c->xq.x == xm && c->xq.off == x.off && c->xq.cols == cols && c->xq.T == T ? rec : NULL;
+}
+
 /* tokens [t, t + n) of x (cols wide, at xm + xoff) quantized into the scratch buffer (*xr) */
 static kv_status quantize_x(kvcl_ctx *c, cl_mem xm, size_t xoff, int64_t cols, int64_t n, cl_mem *xr,
                             kv_error *e) {
@@ -237,17 +280,18 @@ static kv_status quantize_x(kvcl_ctx *c, cl_mem xm, size_t xoff, int64_t cols, i
 }
 
 /* GEMV (one item per row and token) or tiled (MM_TOKENS tokens an item)
- * through the integer kernels, as many tokens at a time as the scratch
+ * through the integer kernels: x's records from the kernel that wrote x
+ * (m->rec), or quantized here, as many tokens at a time as the scratch
  * buffer holds */
 static kv_status mm_i8(const mm_call *m, bool tiled, kv_error *e) {
     kvcl_ctx *c = m->c;
     const int64_t cols = m->w->cols, nbx = i8_blocks(cols);
-    int64_t per = (int64_t)(c->max_alloc / ((uint64_t)nbx * I8_RECORD));
+    int64_t per = m->rec ? m->T : (int64_t)(c->max_alloc / ((uint64_t)nbx * I8_RECORD));
     if (per > m->T) per = m->T;
     for (int64_t t = 0; t < m->T; t += per) {
         const int64_t n = m->T - t < per ? m->T - t : per;
-        cl_mem xr;
-        kv_status st = quantize_x(c, m->x, m->xoff + (size_t)(t * cols), cols, n, &xr, e);
+        cl_mem xr = m->rec;
+        kv_status st = xr ? KV_OK : quantize_x(c, m->x, m->xoff + (size_t)(t * cols), cols, n, &xr, e);
         if (st != KV_OK) return st;
         for (int p = 0; p < m->w->buf->n_parts; p++) {
             int64_t row0, rows = part_rows(m, p, &row0);
@@ -269,26 +313,35 @@ static kv_status mm_i8(const mm_call *m, bool tiled, kv_error *e) {
 
 /* ==== entry points ================================================================ */
 
-kv_status kvcl_matmul_with(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf *bias, kvcl_view x, int64_t T,
-                           kvcl_view y, int64_t ldy, kv_error *e) {
-    if (kvcl_check(c, e) != KV_OK) return c->failed;
+/* kvcl_matmul_with, x's records rec (or NULL) given */
+static kv_status matmul_rec(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf *bias, kvcl_view x, int64_t T,
+                            kvcl_view y, int64_t ldy, cl_mem rec, kv_error *e) {
     if (!w->buf || !kvcl_type_supported(w->type)) return kv_fail(e, KV_ERR_ARG, "matmul: no weight");
     if (T <= 0 || T > INT32_MAX || ldy < w->rows || ldy > INT32_MAX)
         return kv_fail(e, KV_ERR_ARG, "matmul: T %lld, ldy %lld for %lld rows", (long long)T, (long long)ldy,
                        (long long)w->rows);
-    mm_call m = {c, w, NULL, NULL, NULL, x.off, y.off, T, ldy};
+    mm_call m = {c, w, NULL, NULL, NULL, x.off, y.off, T, ldy, NULL};
     if (kvcl_view_mem(x, (size_t)(T * w->cols), "matmul x", &m.x, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(y, (size_t)((T - 1) * ldy + w->rows), "matmul y", &m.y, e) != KV_OK) return KV_ERR_ARG;
     if (bias && kvcl_view_mem(kvcl_at(bias, 0), (size_t)w->rows, "matmul bias", &m.bias, e) != KV_OK)
         return KV_ERR_ARG;
     if (path == KVCL_MM_AUTO) path = T == 1 ? KVCL_MM_GEMV : c->prefill;
-    if (path != KVCL_MM_CLBLAST && int_path(c, w)) return mm_i8(&m, path == KVCL_MM_TILED, e);
+    if (path != KVCL_MM_CLBLAST && int_path(c, w)) {
+        m.rec = rec;
+        return mm_i8(&m, path == KVCL_MM_TILED, e);
+    }
     switch (path) {
     case KVCL_MM_GEMV: return mm_gemv(&m, e);
     case KVCL_MM_TILED: return mm_tiled(&m, e);
     case KVCL_MM_CLBLAST: return mm_clblast(&m, e);
     }
     return kv_fail(e, KV_ERR_ARG, "matmul: path %d", path);
+}
+
+kv_status kvcl_matmul_with(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf *bias, kvcl_view x, int64_t T,
+                           kvcl_view y, int64_t ldy, kv_error *e) {
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    return matmul_rec(c, path, w, bias, x, T, y, ldy, xq_take(c, x, w->cols, T), e);
 }
 
 kv_status kvcl_matmul(kvcl_ctx *c, const kvcl_weight *w, kvcl_buf *bias, kvcl_view x, int64_t T, kvcl_view y,
@@ -299,14 +352,17 @@ kv_status kvcl_matmul(kvcl_ctx *c, const kvcl_weight *w, kvcl_buf *bias, kvcl_vi
 kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_buf *const *bias, kvcl_view x,
                         int64_t T, const kvcl_view *y, kv_error *e) {
     if (kvcl_check(c, e) != KV_OK) return c->failed;
-    bool one = n >= 1 && n <= 3 && T == 1 && c->gemv == KVCL_GEMV_ROW;
+    if (n < 1) return KV_OK;
+    cl_mem rec = xq_take(c, x, w[0]->cols, T); /* for every product: none writes x */
+    bool one = n <= 3 && T == 1 && c->gemv == KVCL_GEMV_ROW;
     int64_t all = 0; /* the kernel's row index is an int */
     for (int i = 0; one && i < n; i++)
         one = w[i]->buf && kvcl_buf_parts(w[i]->buf) == 1 && w[i]->type == w[0]->type && w[i]->cols == w[0]->cols &&
               (all += w[i]->rows) <= INT32_MAX - GEMV_ROWS && c->mm[w[0]->type].gemv3;
     if (!one) {
         for (int i = 0; i < n; i++) {
-            kv_status st = kvcl_matmul(c, w[i], bias[i], x, T, y[i], w[i]->rows, e);
+            kv_status st = matmul_rec(c, KVCL_MM_AUTO, w[i], bias[i], x, T, y[i], w[i]->rows,
+                                      w[i]->cols == w[0]->cols ? rec : NULL, e);
             if (st != KV_OK) return st;
         }
         return KV_OK;
@@ -322,8 +378,8 @@ kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_bu
             return KV_ERR_ARG;
     }
     const bool i8 = int_path(c, w[0]);
-    cl_mem xr = NULL;
-    if (i8) {
+    cl_mem xr = rec;
+    if (i8 && !xr) {
         kv_status st = quantize_x(c, xm, x.off, w[0]->cols, 1, &xr, e);
         if (st != KV_OK) return st;
     }

@@ -8,7 +8,7 @@
 #include "kvcl_ops.h"
 #include "quant.h"
 
-#define GROUP 64    /* work-group size of the one-item-per-element kernels */
+#define GROUP 64    /* work-group size of the one-item-per-element kernels (= ACT_GROUP in elementwise.cl) */
 #define RMS_GROUP 64 /* = RMS_GROUP in elementwise.cl */
 
 /* one item per element of n, in groups of GROUP */
@@ -26,13 +26,18 @@ static kv_status rmsnorm_run(kvcl_ctx *c, kvcl_view y, kvcl_view x, const kvcl_v
     if (kvcl_view_mem(x, (size_t)(T * n), "rmsnorm", &xm, e) != KV_OK) return KV_ERR_ARG;
     if (a && kvcl_view_mem(*a, (size_t)(T * n), "rmsnorm addend", &am, e) != KV_OK) return KV_ERR_ARG;
     if (w && kvcl_view_mem(kvcl_at(w, 0), (size_t)n, "rmsnorm weight", &wm, e) != KV_OK) return KV_ERR_ARG;
+    int nbx = 0;
+    cl_mem rec = kvcl_xq_target(c, n, T, &nbx); /* y's records for the product that reads it */
     kvcl_launch L = kvcl_launch_begin(c, c->rmsnorm);
     kvcl_arg_mem(&L, ym), kvcl_arg_ulong(&L, y.off);
     kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off);
     kvcl_arg_mem(&L, am), kvcl_arg_ulong(&L, a ? a->off : 0);
     kvcl_arg_mem(&L, wm), kvcl_arg_int(&L, (int)n), kvcl_arg_float(&L, eps);
+    kvcl_arg_mem(&L, rec), kvcl_arg_int(&L, nbx);
     size_t g = (size_t)T * RMS_GROUP, l = RMS_GROUP;
-    return kvcl_launch_run(&L, 1, &g, &l, "rmsnorm", e);
+    kv_status st = kvcl_launch_run(&L, 1, &g, &l, "rmsnorm", e);
+    if (st == KV_OK && rec) kvcl_xq_set(c, ym, y.off, n, T, rec);
+    return st;
 }
 
 kv_status kvcl_rmsnorm(kvcl_ctx *c, kvcl_view y, kvcl_view x, kvcl_buf *w, int64_t T, int64_t n, float eps,
@@ -138,15 +143,23 @@ kv_status kvcl_softcap(kvcl_ctx *c, kvcl_view x, int64_t n, float cap, kv_error 
     return run_1d(&L, n, "softcap", e);
 }
 
-kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t n, int act, kv_error *e) {
+kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t T, int64_t cols, int act, kv_error *e) {
     cl_mem gm, um;
     if (act != KV_ACT_SILU && act != KV_ACT_GELU_TANH) return kv_fail(e, KV_ERR_ARG, "ffn_act: activation %d", act);
+    if (T <= 0 || cols <= 0 || T > INT64_MAX / cols)
+        return kv_fail(e, KV_ERR_ARG, "ffn_act: bad shape (%lld, %lld)", (long long)T, (long long)cols);
+    const int64_t n = T * cols;
     if (kvcl_view_mem(gate, (size_t)n, "ffn_act", &gm, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(up, (size_t)n, "ffn_act", &um, e) != KV_OK) return KV_ERR_ARG;
+    int nbx = 0;
+    cl_mem rec = kvcl_xq_target(c, cols, T, &nbx); /* the output's records for the product that reads it */
     kvcl_launch L = kvcl_launch_begin(c, c->ffn_act);
     kvcl_arg_mem(&L, gm), kvcl_arg_ulong(&L, gate.off), kvcl_arg_mem(&L, um), kvcl_arg_ulong(&L, up.off);
     kvcl_arg_long(&L, n), kvcl_arg_int(&L, act);
-    return run_1d(&L, n, "ffn_act", e);
+    kvcl_arg_mem(&L, rec), kvcl_arg_int(&L, rec ? (int)cols : 0), kvcl_arg_int(&L, nbx);
+    kv_status st = run_1d(&L, n, "ffn_act", e);
+    if (st == KV_OK && rec) kvcl_xq_set(c, gm, gate.off, cols, T, rec);
+    return st;
 }
 
 kv_status kvcl_finite_reset(kvcl_ctx *c, kv_error *e) {

@@ -92,8 +92,8 @@ kv_status kvcl_scale(kvcl_ctx *c, kvcl_view x, int64_t n, float s, kv_error *e);
 kv_status kvcl_softcap(kvcl_ctx *c, kvcl_view x, int64_t n, float cap, kv_error *e); /* cap tanh(x / cap) */
 /* x(rows, n) = x H in place (kv_hadamard_rows, engine/quant.h) */
 kv_status kvcl_hadamard(kvcl_ctx *c, kvcl_view x, int64_t rows, int64_t n, kv_error *e);
-/* gate(n) = act(gate) * up(n), act KV_ACT_SILU or KV_ACT_GELU_TANH */
-kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t n, int act, kv_error *e);
+/* gate(T, n) = act(gate) * up(T, n), act KV_ACT_SILU or KV_ACT_GELU_TANH */
+kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t T, int64_t n, int act, kv_error *e);
 /* *ok = every x(n) finite. Waits. */
 kv_status kvcl_all_finite(kvcl_ctx *c, kvcl_view x, int64_t n, bool *ok, kv_error *e);
 /* The same in parts, so several checks share one wait: reset the

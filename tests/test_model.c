@@ -1145,7 +1145,7 @@ static void check_gelu(void) {
                                      : kv_f16_to_f32(kv_f32_to_f16(ref_gelu_tanh(kv_f16_to_f32(kv_f32_to_f16(x)))));
         want[i] = y * u[i];
     }
-    be.ffn_act(&be, g, u, n, KV_ACT_GELU_TANH);
+    be.ffn_act(&be, g, u, 1, n, KV_ACT_GELU_TANH);
     int bad = 0;
     for (int i = 0; i < n; i++)
         if (!(isnan(want[i]) && isnan(g[i])) && memcmp(&want[i], &g[i], sizeof(float)) != 0) bad++;

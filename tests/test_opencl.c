@@ -803,11 +803,11 @@ static void test_pointwise(kvcl_ctx *c) {
             case 1: g_cpu.scale(&g_cpu, ref, n, 0.37f), st = kvcl_scale(c, av, n, 0.37f, &g_err); break;
             case 2: g_cpu.softcap(&g_cpu, ref, n, 5.0f), st = kvcl_softcap(c, av, n, 5.0f, &g_err); break;
             case 3:
-                g_cpu.ffn_act(&g_cpu, ref, b, n, KV_ACT_SILU), st = kvcl_ffn_act(c, av, bv, n, KV_ACT_SILU, &g_err);
+                g_cpu.ffn_act(&g_cpu, ref, b, 1, n, KV_ACT_SILU), st = kvcl_ffn_act(c, av, bv, 1, n, KV_ACT_SILU, &g_err);
                 break;
             case 4:
-                g_cpu.ffn_act(&g_cpu, ref, b, n, KV_ACT_GELU_TANH);
-                st = kvcl_ffn_act(c, av, bv, n, KV_ACT_GELU_TANH, &g_err);
+                g_cpu.ffn_act(&g_cpu, ref, b, 1, n, KV_ACT_GELU_TANH);
+                st = kvcl_ffn_act(c, av, bv, 1, n, KV_ACT_GELU_TANH, &g_err);
                 break;
             }
             if (st == KV_OK) get_floats(c, ab, 2, got, n);
@@ -1015,7 +1015,27 @@ static void ref_attention(const att_case *a, const float *q, const float *Ks, co
 
 static int g_att_seq;
 
-static void test_attention_case(kvcl_ctx *c, const att_case *a) {
+/* attention of case a on c (its own pages holding k, v of every position
+ * up to pos0 + T): out (T, n_head, hdv); false on an error */
+static bool attention_on(kvcl_ctx *c, const att_case *a, const float *q, const float *k, const float *v, float *out) {
+    const int n_head = a->n_kv * a->G, n_ctx = a->pos0 + a->T;
+    const size_t no = (size_t)a->T * n_head * a->hdv;
+    test_pages tp;
+    pages_make(c, &tp, n_ctx, a->pt, a->n_kv, a->hd, a->hdv, a->kt, a->vt);
+    kvcl_buf *kb = dev_floats(c, k, (size_t)n_ctx * a->n_kv * a->hd);
+    kvcl_buf *vb = dev_floats(c, v, (size_t)n_ctx * a->n_kv * a->hdv);
+    kv_status st = kvcl_kv_store(c, &tp.pg, 0, n_ctx, kvcl_at(kb, 0), kvcl_at(vb, 0), &g_err);
+    kv_attn_params ap = {0, n_head, a->n_kv, a->hd, a->hdv, (float)(1.0 / sqrt((double)a->hd) * 1.3), a->window,
+                         a->softcap};
+    kvcl_buf *qb = dev_floats(c, q, (size_t)a->T * n_head * a->hd), *ob = dev_buf(c, NULL, sizeof(float) * no);
+    if (st == KV_OK) st = kvcl_attention(c, &tp.pg, &ap, kvcl_at(qb, 0), a->T, a->pos0, kvcl_at(ob, 0), &g_err);
+    if (st == KV_OK) get_floats(c, ob, 0, out, no);
+    pages_free(&tp);
+    kvcl_buf_free(kb), kvcl_buf_free(vb), kvcl_buf_free(qb), kvcl_buf_free(ob);
+    return st == KV_OK;
+}
+
+static void test_attention_case(kvcl_ctx *c, kvcl_ctx *cg, const att_case *a) {
     const int n_head = a->n_kv * a->G, n_ctx = a->pos0 + a->T, hd = a->hd, hdv = a->hdv;
     const size_t nk = (size_t)n_ctx * a->n_kv * hd, nv = (size_t)n_ctx * a->n_kv * hdv;
     const size_t nq = (size_t)a->T * n_head * hd, no = (size_t)a->T * n_head * hdv;
@@ -1060,6 +1080,24 @@ static void test_attention_case(kvcl_ctx *c, const att_case *a) {
     snprintf(name, sizeof name, "attention %s: the same bits when run again", label);
     report(st == KV_OK && memcmp(got, again, sizeof(float) * no) == 0, name, "differs");
 
+    /* one token: the work-group kernel (another context's) gives the bits a
+     * CPU driver's one-row kernel gave. More tokens, no window: the last
+     * one alone gives its row's bits (tiles start at key 0 either way) */
+    float *one = xmalloc(sizeof(float) * n_head * hdv);
+    const float *want = got + (size_t)(a->T - 1) * n_head * hdv;
+    if (a->T == 1 && cg) {
+        const bool ok = attention_on(cg, a, q, k, v, one);
+        snprintf(name, sizeof name, "attention %s: the work-group kernel's bits", label);
+        report(st == KV_OK && ok && memcmp(one, want, sizeof(float) * n_head * hdv) == 0, name, "differ");
+    } else if (a->T > 1 && a->window == 0) {
+        att_case last = *a;
+        last.pos0 = a->pos0 + a->T - 1, last.T = 1;
+        const bool ok = attention_on(c, &last, q + (size_t)(a->T - 1) * n_head * hd, k, v, one);
+        snprintf(name, sizeof name, "attention %s: the last token alone gets its row's bits", label);
+        report(st == KV_OK && ok && memcmp(one, want, sizeof(float) * n_head * hdv) == 0, name, "differ");
+    }
+    free(one);
+
     /* the CPU backend on pages of its own holding the same rows: within both bounds */
     kv_kvcache *kc = NULL;
     bad = -1;
@@ -1098,7 +1136,93 @@ static void test_attention(kvcl_ctx *c) {
         {3, 3, 64, 64, Q4, Q4, 299, 1, 100, 64, 0},     /* Q4_0 pages, decode, window */
         {2, 3, 128, 64, Q4, Q8, 250, 7, 0, 32, 0},      /* Q4_0 K, Q8_0 V, short prefill after a context */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(c, &cases[i]);
+    kvcl_options grp = {.cache_dir = g_cache, .gemv = KVCL_GEMV_GROUP};
+    kvcl_ctx *cg = open_ctx(&grp);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(c, cg, &cases[i]);
+    kvcl_close(cg);
+}
+
+/* ==== records written with a product's input ========================================= */
+
+/* rmsnorm, ffn_act and attention write the integer kernels' records of
+ * their output (kvcl_xq_target) where the device has those kernels, and
+ * the product that reads the output takes them instead of quantizing it:
+ * the same bits as the same input written from the host. An op between
+ * them (scale here) makes them stale: the product quantizes the new values. */
+static void test_records(kvcl_ctx *c, const char *label) {
+    const int T_of[] = {1, 5};
+    for (int producer = 0; producer < 3; producer++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int between = 0; between < 2; between++) {
+                static const char *names[] = {"rmsnorm", "ffn_act", "attention"};
+                const int T = T_of[ti], n_kv = 2, G = 2, hd = 64, pos0 = 20;
+                const int64_t cols = producer == 0 ? 96 : producer == 1 ? 160 : n_kv * G * hd, rows = 45;
+                const size_t off = 3, n = (size_t)T * cols;
+                uint8_t *wbytes[2];
+                float *deq[2];
+                kvcl_weight w[2];
+                kv_status st = KV_OK;
+                for (int i = 0; i < 2; i++) {
+                    random_weight(KV_TYPE_Q4_1, rows, cols, &wbytes[i], &deq[i]);
+                    if (st == KV_OK) st = kvcl_weight_upload(c, KV_TYPE_Q4_1, rows, cols, wbytes[i], &w[i], &g_err);
+                }
+                float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+                for (size_t i = 0; i < n; i++) a[i] = frand() * 3, b[i] = frand();
+                kvcl_buf *yb = dev_buf(c, NULL, sizeof(float) * (n + off)), *ab = dev_floats(c, a, n);
+                kvcl_buf *bb = dev_floats(c, b, n), *wb = dev_floats(c, b, (size_t)cols);
+                test_pages tp = {0};
+                kvcl_buf *kb = NULL, *vb = NULL;
+                if (producer == 0) {
+                    if (st == KV_OK) st = kvcl_rmsnorm(c, kvcl_at(yb, off), kvcl_at(ab, 0), wb, T, cols, 1e-6f, &g_err);
+                } else if (producer == 1) {
+                    if (st == KV_OK) st = kvcl_write(c, yb, off * sizeof(float), a, n * sizeof(float), &g_err);
+                    if (st == KV_OK) st = kvcl_ffn_act(c, kvcl_at(yb, off), kvcl_at(bb, 0), T, cols, KV_ACT_SILU, &g_err);
+                } else { /* q: a (T, n_kv G, hd); keys and values: random */
+                    const int n_ctx = pos0 + T;
+                    float *kv = xmalloc(sizeof(float) * n_ctx * n_kv * hd);
+                    for (int i = 0; i < n_ctx * n_kv * hd; i++) kv[i] = frand();
+                    kb = dev_floats(c, kv, (size_t)n_ctx * n_kv * hd);
+                    for (int i = 0; i < n_ctx * n_kv * hd; i++) kv[i] = frand();
+                    vb = dev_floats(c, kv, (size_t)n_ctx * n_kv * hd);
+                    free(kv);
+                    pages_make(c, &tp, n_ctx, 16, n_kv, hd, hd, KV_TYPE_F16, KV_TYPE_F16);
+                    kv_attn_params ap = {0, n_kv * G, n_kv, hd, hd, 0.125f, 0, 0.0f};
+                    if (st == KV_OK) st = kvcl_kv_store(c, &tp.pg, 0, n_ctx, kvcl_at(kb, 0), kvcl_at(vb, 0), &g_err);
+                    if (st == KV_OK) st = kvcl_attention(c, &tp.pg, &ap, kvcl_at(ab, 0), T, pos0, kvcl_at(yb, off), &g_err);
+                }
+                const bool wrote = c->xq.rec != NULL;
+                if (between && st == KV_OK) st = kvcl_scale(c, kvcl_at(yb, off), (int64_t)n, 0.5f, &g_err);
+                /* the product of the kernel's output, and of the same values from the host */
+                float *got = xmalloc(sizeof(float) * 2 * T * rows), *want = xmalloc(sizeof(float) * 2 * T * rows);
+                kvcl_buf *ob = dev_buf(c, NULL, sizeof(float) * 2 * T * rows), *yh = dev_buf(c, NULL, sizeof(float) * n);
+                const kvcl_weight *wp[2] = {&w[0], &w[1]};
+                kvcl_buf *bias[2] = {NULL, NULL};
+                const kvcl_view yv[2] = {kvcl_at(ob, 0), kvcl_at(ob, (size_t)T * rows)};
+                for (int pass = 0; pass < 2 && st == KV_OK; pass++) {
+                    if (pass == 1) {
+                        get_floats(c, yb, off, y, n);
+                        st = kvcl_write(c, yh, 0, y, n * sizeof(float), &g_err);
+                    }
+                    const kvcl_view x = pass ? kvcl_at(yh, 0) : kvcl_at(yb, off);
+                    /* T = 1: the fused GEMV of both weights; else one product each */
+                    if (st == KV_OK) st = kvcl_matmul_n(c, 2, wp, bias, x, T, yv, &g_err);
+                    if (st == KV_OK) get_floats(c, ob, 0, pass ? want : got, 2 * (size_t)T * rows);
+                }
+                char name[200];
+                snprintf(name, sizeof name, "records from %s (%sT %d%s): the product's bits from host-written input",
+                         names[producer], label, T, between ? ", then scaled: stale" : "");
+                report(st == KV_OK && memcmp(got, want, sizeof(float) * 2 * T * rows) == 0, name, "%s; differ",
+                       st ? g_err.msg : "");
+                if (kvcl_ctx_int_dot(c) && !between) {
+                    snprintf(name, sizeof name, "records from %s (%sT %d): written by the kernel", names[producer], label, T);
+                    report(wrote, name, "none");
+                }
+                if (producer == 2) pages_free(&tp), kvcl_buf_free(kb), kvcl_buf_free(vb);
+                for (int i = 0; i < 2; i++) kvcl_weight_free(&w[i]), free(wbytes[i]), free(deq[i]);
+                kvcl_buf_free(yb), kvcl_buf_free(ab), kvcl_buf_free(bb), kvcl_buf_free(wb), kvcl_buf_free(ob);
+                kvcl_buf_free(yh);
+                free(a), free(b), free(y), free(got), free(want);
+            }
 }
 
 /* ==== main ======================================================================= */
@@ -1159,6 +1283,8 @@ int main(void) {
     test_all_finite(g_c);
     test_hadamard(g_c);
     test_attention(g_c);
+    test_records(g_c, "");
+    test_records(split, "split, ");
 
     kvcl_close(split);
     kvcl_close(g_c);

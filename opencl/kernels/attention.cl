@@ -13,7 +13,8 @@
  * (sp + 1) * split_len): boundaries fixed by key positions, so the result
  * does not depend on the device's work-group count. Each split writes its
  * rows' partial (acc, m, l) and attention_merge combines them in split
- * order. split_len = 0: one split, the output written directly.
+ * order. split_len = 0: one split, the output written directly, and with
+ * xr its records for the integer kernels too (blocks.cl).
  *
  * Numerics as the engine's scalar path: q rounded to f16 when K is F16,
  * scores q.k in float (16 lane sums), soft cap s = cap * tanh(s * scale / cap) (then the
@@ -36,11 +37,13 @@ KV_INL void load_tile(local float *tile, const global uchar *buf, KV_PAGE_PARAMS
     }
 }
 
-kernel void attention(global const float *q, ulong qoff, global const uchar *K, global const uchar *V,
-                      KV_PAGE_PARAMS, int ktype, int vtype, int krow, int vrow, int T, int pos0,
-                      int n_head, int n_kv, int hd, int hdv, float scale, int window, float softcap,
-                      int tb, int bk, int split_len, int n_split, global float *out, ulong ooff,
-                      global float *part) {
+/* the arguments of attention and attention_row */
+#define ATT_PARAMS global const float *q, ulong qoff, global const uchar *K, global const uchar *V, KV_PAGE_PARAMS, \
+    int ktype, int vtype, int krow, int vrow, int T, int pos0, int n_head, int n_kv, int hd, int hdv, float scale, \
+    int window, float softcap, int tb, int bk, int split_len, int n_split, global float *out, ulong ooff, \
+    global float *part, global char *xr, int nbx
+
+kernel void attention(ATT_PARAMS) {
     local float kt[ATT_TILE], vt[ATT_TILE]; /* (bk, hd), (bk, hdv) */
     const int G = n_head / n_kv, lid = get_local_id(0);
     const int blk = get_group_id(0), g = get_group_id(1), sp = get_group_id(2);
@@ -103,7 +106,11 @@ kernel void attention(global const float *q, ulong qoff, global const uchar *K, 
     if (n_split == 1) {
         global float *o = out + ooff + ((ulong)t * n_head + head) * hdv; /* (hdv) */
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k] * inv, k, o);
+        for (int k = 0; k < hdv / 16; k++) acc[k] *= inv;
+        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, o);
+        /* with xr (hdv a multiple of 32): this head's blocks of the token's record */
+        global char *rec = xr ? xr + (ulong)t * nbx * I8_RECORD : NULL;
+        for (int k = 0; rec && k < hdv / 32; k++) rec_block(acc[2 * k], acc[2 * k + 1], rec, nbx, head * (hdv / 32) + k);
     } else {
         global float *p = part + (((ulong)sp * T + t) * n_head + head) * (hdv + 2); /* (hdv + 2) */
         for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, p);
@@ -132,4 +139,82 @@ kernel void attention_merge(global const float *part, int n_split, int rows, int
         o += ps[i] * w;
     }
     out[ooff + (ulong)row * hdv + i] = o * (L > 0.0f ? 1.0f / L : 0.0f);
+}
+
+/* One token (decode) on CPU drivers: an item per (query head, key split),
+ * no local memory and no barriers (a driver that runs a work-group's items
+ * in turn keeps a row's arrays in memory across each barrier). The row's
+ * operations are attention's for a one-token group, in its order: tiles
+ * of bk keys from kmin, scores, the tile's max, the rescale, the values;
+ * so the bits are the same. Arguments as attention's (T = 1, tb unused);
+ * the head sizes literals where the kernel knows them (the arrays then
+ * live in registers). */
+KV_INL void att_row(ATT_PARAMS, const int HD, const int HDV) {
+    hd = HD, hdv = HDV;
+    const int head = get_global_id(0), sp = get_global_id(1), g = head / (n_head / n_kv);
+    const int lo = window > 0 ? max(0, pos0 - window + 1) : 0; /* visible keys [lo, pos0] */
+    int kmin = lo, kmax = pos0;
+    if (split_len > 0) {
+        kmin = max(kmin, sp * split_len);
+        kmax = min(kmax, sp * split_len + split_len - 1);
+    }
+    float16 qv[ATT_HD_MAX / 16], acc[ATT_HD_MAX / 16];
+    float s[ATT_BK_MAX];
+    const global float *qr = q + qoff + (ulong)head * hd; /* (hd) */
+    for (int k = 0; k < hd / 16; k++) qv[k] = ktype == TYPE_F16 ? round_f16x16(vload16(k, qr)) : vload16(k, qr);
+    for (int k = 0; k < hdv / 16; k++) acc[k] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    const float sc = softcap > 0.0f ? 1.0f : scale;
+
+    for (int k0 = kmin; k0 <= kmax; k0 += bk) {
+        const int n = min(bk, kmax - k0 + 1);
+        const int jlo = max(0, lo - k0), jhi = min(n - 1, pos0 - k0);
+        if (jlo > jhi) continue;
+        float cm = m;
+        for (int j = jlo; j <= jhi; j++) {
+            const global uchar *row = K + kv_row(KV_PAGE_ARGS, g, k0 + j, krow);
+            float16 a = 0.0f;
+            for (int k = 0; k < hd / 16; k++) a = fma(qv[k], kv_load16(ktype, row, 16 * k), a);
+            float d = hsum16(a);
+            if (softcap > 0.0f) d = softcap * tanh(d * scale / softcap);
+            s[j] = d;
+            cm = fmax(cm, d);
+        }
+        const float corr = m == -INFINITY ? 0.0f : exp(sc * (m - cm));
+        float ps = 0.0f;
+        for (int j = jlo; j <= jhi; j++) {
+            s[j] = exp(sc * (s[j] - cm));
+            ps += s[j];
+        }
+        l = l * corr + ps;
+        m = cm;
+        for (int k = 0; k < hdv / 16; k++) acc[k] *= corr;
+        for (int j = jlo; j <= jhi; j++) {
+            const global uchar *row = V + kv_row(KV_PAGE_ARGS, g, k0 + j, vrow);
+            for (int k = 0; k < hdv / 16; k++) acc[k] = fma((float16)s[j], kv_load16(vtype, row, 16 * k), acc[k]);
+        }
+    }
+    if (n_split == 1) {
+        global float *o = out + ooff + (ulong)head * hdv; /* (hdv) */
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int k = 0; k < hdv / 16; k++) acc[k] *= inv;
+        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, o);
+        for (int k = 0; xr && k < hdv / 32; k++) rec_block(acc[2 * k], acc[2 * k + 1], xr, nbx, head * (hdv / 32) + k);
+    } else {
+        global float *p = part + ((ulong)sp * n_head + head) * (hdv + 2); /* (hdv + 2) */
+        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, p);
+        p[hdv] = m * sc;
+        p[hdv + 1] = l;
+    }
+}
+
+#define ATT_ARGS q, qoff, K, V, KV_PAGE_ARGS, ktype, vtype, krow, vrow, T, pos0, n_head, n_kv, hd, hdv, scale, \
+    window, softcap, tb, bk, split_len, n_split, out, ooff, part, xr, nbx
+
+kernel void attention_row(ATT_PARAMS) {
+    if (get_global_id(0) >= n_head) return;
+    if (hd == 64 && hdv == 64) att_row(ATT_ARGS, 64, 64);
+    else if (hd == 128 && hdv == 128) att_row(ATT_ARGS, 128, 128);
+    else if (hd == 256 && hdv == 256) att_row(ATT_ARGS, 256, 256);
+    else att_row(ATT_ARGS, hd, hdv);
 }

@@ -74,6 +74,53 @@ KV_INL float16 round_f16x16(float16 x) {
     return vload_half16(0, (const private half *)&h);
 }
 
+/* ---- the integer kernels' quantized activations (matmul_i8.cl) ----
+ * A token's record of x (cols wide): nbx blocks of 32, nbx = cols / 32
+ * rounded up to I8_GROUP. First the quants, 32 bytes a block, pairs of
+ * blocks interleaved (the first halves of b and b + 1, then their second
+ * halves); then the scales d (f16-rounded amax / 127, as the CPU's Q8_0;
+ * four copies each, a pair's eight floats); then d * (sum of the block's
+ * quants). Blocks past cols are 0. quant_x writes records from x; the
+ * kernels that produce the input of a product (rmsnorm, ffn_act,
+ * attention) write them too where the host asks, from the values they
+ * store, so the records are the same bits either way. */
+
+#define I8_GROUP 16 /* blocks a scale group (and nbx a multiple of it) */
+
+/* bytes of a token's record per block: 32 quants, 4 scales, a sum (= I8_RECORD in kvcl_matmul.c) */
+#define I8_RECORD 52
+
+/* block b of the record rec (nbx blocks) from its 32 values (a: the first
+ * 16, c: the next 16) */
+KV_INL void rec_block(float16 a, float16 c, global char *rec, int nbx, int b) {
+    const float16 m = fmax(fabs(a), fabs(c));
+    const float8 m8 = fmax(m.lo, m.hi);
+    const float4 m4 = fmax(m8.lo, m8.hi);
+    const float amax = fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w));
+    const float dd = amax / 127, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    const char16 lo = convert_char16_sat(rint(a * id)), hi = convert_char16_sat(rint(c * id));
+    const int16 qs = convert_int16(lo) + convert_int16(hi);
+    const int8 q8 = qs.lo + qs.hi;
+    const int4 q4 = q8.lo + q8.hi;
+    float d = round_f16(dd);
+    /* a NaN among the 32 (which fmax and the conversion drop) makes the scale NaN */
+    if (any(isnan(a)) || any(isnan(c))) d = NAN;
+    global char *qp = rec + 64 * (b / 2) + 16 * (b % 2);
+    vstore16(lo, 0, qp);
+    vstore16(hi, 0, qp + 32);
+    vstore4((float4)d, 0, (global float *)(rec + 32 * nbx) + 4 * b);
+    ((global float *)(rec + 48 * nbx))[b] = d * (float)(q4.x + q4.y + q4.z + q4.w);
+}
+
+/* block b of the record rec: zero (past cols) */
+KV_INL void rec_zero(global char *rec, int nbx, int b) {
+    global char *qp = rec + 64 * (b / 2) + 16 * (b % 2);
+    vstore16((char16)0, 0, qp);
+    vstore16((char16)0, 0, qp + 32);
+    vstore4((float4)0.0f, 0, (global float *)(rec + 32 * nbx) + 4 * b);
+    ((global float *)(rec + 48 * nbx))[b] = 0.0f;
+}
+
 /* 16 unsigned nibbles (low or high) as ints */
 KV_INL int16 nib_lo(uchar16 q) { return convert_int16(q & (uchar16)0xF); }
 KV_INL int16 nib_hi(uchar16 q) { return convert_int16(q >> (uchar16)4); }

@@ -25,26 +25,28 @@
 
 /* y(T, n) = x / rms(x) * w (w may be NULL); y == x is fine. With a (not
  * NULL), x += a first (the bits of add; y == a is fine): each item adds the
- * elements it then sums and scales. */
+ * elements it then sums and scales. With xr (not NULL, n a multiple of
+ * 32), each row's record of y too (blocks.cl; the zero blocks past n are
+ * the host's). */
 kernel void rmsnorm(global float *y, ulong yoff, global float *x, ulong xoff, global const float *a, ulong aoff,
-                    global const float *w, int n, float eps) {
+                    global const float *w, int n, float eps, global char *xr, int nbx) {
     const int row = get_group_id(0), lid = get_local_id(0);
-    global float *xr = x + xoff + (ulong)row * n;  /* (n) */
-    global float *yr = y + yoff + (ulong)row * n;  /* (n) */
+    global float *xrow = x + xoff + (ulong)row * n; /* (n) */
+    global float *yrow = y + yoff + (ulong)row * n; /* (n) */
     if (a) {
         const global float *ar = a + aoff + (ulong)row * n;
-        for (int i = lid; i < n; i += RMS_GROUP) xr[i] += ar[i];
+        for (int i = lid; i < n; i += RMS_GROUP) xrow[i] += ar[i];
     }
 #ifdef RMS_DOUBLE
     local double part[RMS_GROUP];
     double s = 0.0;
-    for (int i = lid; i < n; i += RMS_GROUP) s += (double)(xr[i] * xr[i]);
+    for (int i = lid; i < n; i += RMS_GROUP) s += (double)(xrow[i] * xrow[i]);
 #else
     /* float with a compensation term: far below float's rounding for n < 2^20 */
     local float part[RMS_GROUP];
     float s = 0.0f, c = 0.0f;
     for (int i = lid; i < n; i += RMS_GROUP) {
-        float v = xr[i] * xr[i] - c, t = s + v;
+        float v = xrow[i] * xrow[i] - c, t = s + v;
         c = (t - s) - v;
         s = t;
     }
@@ -61,7 +63,11 @@ kernel void rmsnorm(global float *y, ulong yoff, global float *x, ulong xoff, gl
     const float mean = part[0] / (float)n;
 #endif
     const float sc = 1.0f / sqrt(mean + eps);
-    for (int i = lid; i < n; i += RMS_GROUP) yr[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
+    for (int i = lid; i < n; i += RMS_GROUP) yrow[i] = w ? xrow[i] * sc * w[i] : xrow[i] * sc;
+    barrier(CLK_GLOBAL_MEM_FENCE); /* the row's y, written by every item */
+    if (!xr) return;
+    global char *rec = xr + (ulong)row * nbx * I8_RECORD;
+    for (int b = lid; b < n / 32; b += RMS_GROUP) rec_block(vload16(0, yrow + 32 * b), vload16(1, yrow + 32 * b), rec, nbx, b);
 }
 
 /* ---- RoPE: one item per (rotated pair i, token t), all heads ---- */
@@ -177,18 +183,31 @@ KV_INL float gelu_tanh(float x) {
 #define ACT_SILU 0
 #define ACT_GELU_TANH 1
 
+#define ACT_GROUP 64 /* work-group size of ffn_act (the host launches with it) */
+
 /* gate(n) = act(gate) * up(n). GELU: the input rounded to f16, the result
  * rounded to f16, identity above 10 and zero below -10 (the CPU's table). */
-kernel void ffn_act(global float *gate, ulong goff, global const float *up, ulong uoff, long n, int act) {
+kernel void ffn_act(global float *gate, ulong goff, global const float *up, ulong uoff, long n, int act,
+                    global char *xr, int cols, int nbx) {
     const long i = get_global_id(0);
-    if (i >= n) return;
-    const float g = gate[goff + i];
-    float y;
-    if (act == ACT_GELU_TANH)
-        y = g <= -10.0f ? 0.0f : g >= 10.0f ? g : round_f16(gelu_tanh(round_f16(g)));
-    else
-        y = g / (1.0f + exp(-g));
-    gate[goff + i] = y * up[uoff + i];
+    if (i < n) {
+        const float g = gate[goff + i];
+        float y;
+        if (act == ACT_GELU_TANH)
+            y = g <= -10.0f ? 0.0f : g >= 10.0f ? g : round_f16(gelu_tanh(round_f16(g)));
+        else
+            y = g / (1.0f + exp(-g));
+        gate[goff + i] = y * up[uoff + i];
+    }
+    /* with xr (not NULL; cols a multiple of 32, so a group's 64 elements
+     * are whole blocks of a row): their records, from what the group stored */
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    const int lid = get_local_id(0);
+    const long blk = (long)get_group_id(0) * (ACT_GROUP / 32) + lid; /* of gate(T, cols) */
+    if (!xr || lid >= ACT_GROUP / 32 || blk * 32 >= n) return;
+    const long t = blk / (cols / 32);
+    const global float *v = gate + goff + blk * 32;
+    rec_block(vload16(0, v), vload16(1, v), xr + t * nbx * I8_RECORD, nbx, (int)(blk - t * (cols / 32)));
 }
 
 /* *flag = 0 when some x(n) is not finite (the host sets it to 1 first) */

@@ -9,13 +9,8 @@
  * 0, the kernels below are empty and the host uses matmul.cl's float
  * kernels (int_dot_caps tells it which).
  *
- *   quant_x      x(T, cols) -> a record of 52 nbx bytes per token, nbx =
- *                cols / 32 rounded up to 16 blocks: the quants (32 bytes a
- *                block, pairs of blocks interleaved: the first halves of b
- *                and b + 1, then their second halves), the scales d
- *                (f16-rounded amax / 127, as the CPU's Q8_0; four copies
- *                each, a pair's eight floats), then d * (sum of the block's
- *                quants). Blocks past cols are 0.
+ *   quant_x      x(T, cols) -> a record of I8_RECORD nbx bytes per token
+ *                (the layout: blocks.cl), where no kernel wrote them with x.
  *   gemv_i8_<t>  decode, one item per (row, token) as gemv_<t>.
  *   gemv3_i8_<t> up to three weights of one input, as gemv3_<t>.
  *   tiled_i8_<t> prefill, one item per (row, 8 tokens): each pair of weight
@@ -46,12 +41,7 @@ typedef short kv_s16 __attribute__((ext_vector_type(16)));
 /* out[0]: whether the kernels below compute (1) or are empty (0) */
 kernel void int_dot_caps(global int *out) { out[0] = KV_INT_DOT; }
 
-#define I8_GROUP 16 /* blocks a scale group (and nbx a multiple of it) */
-
-/* bytes of a token's record per block: 32 quants, 4 scales, a sum (= I8_RECORD in kvcl_matmul.c) */
-#define I8_RECORD 52
-
-/* the quantized activations: token t's record at xr + t * I8_RECORD nbx */
+/* the quantized activations (blocks.cl): token t's record at xr + t * I8_RECORD nbx */
 #define I8_PARAMS global const char *xr, int nbx
 
 /* token t's quants, scales and sums */
@@ -59,38 +49,15 @@ kernel void int_dot_caps(global int *out) { out[0] = KV_INT_DOT; }
 #define I8_D(t) ((const global float *)(I8_Q(t) + 32 * nbx))
 #define I8_S(t) ((const global float *)(I8_Q(t) + 48 * nbx))
 
-/* item (p, t): blocks 2 p and 2 p + 1 of token t */
+/* item (p, t): blocks 2 p and 2 p + 1 of token t's record */
 kernel void quant_x(global const float *x, ulong xoff, int cols, global char *xr, int nbx) {
     const int p = get_global_id(0), t = get_global_id(1), nb = cols / 32;
     if (2 * p >= nbx) return;
-    global char *rec = xr + (ulong)t * nbx * I8_RECORD, *qp = rec + 64 * p;
-    global float *xd = (global float *)(rec + 32 * nbx), *xs = (global float *)(rec + 48 * nbx);
-    for (int j = 0; j < 2; j++) {
-        const int b = 2 * p + j;
-        char16 lo = 0, hi = 0;
-        float d = 0.0f, s = 0.0f;
-        if (b < nb) {
-            const global float *xb = x + xoff + (ulong)t * cols + 32 * b;
-            const float16 a = vload16(0, xb), c = vload16(1, xb);
-            const float16 m = fmax(fabs(a), fabs(c));
-            const float8 m8 = fmax(m.lo, m.hi);
-            const float4 m4 = fmax(m8.lo, m8.hi);
-            const float amax = fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w));
-            const float dd = amax / 127, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-            lo = convert_char16_sat(rint(a * id));
-            hi = convert_char16_sat(rint(c * id));
-            const int16 qs = convert_int16(lo) + convert_int16(hi);
-            const int8 q8 = qs.lo + qs.hi;
-            const int4 q4 = q8.lo + q8.hi;
-            d = round_f16(dd);
-            /* a NaN among the 32 (which fmax and the conversion drop) makes the scale NaN */
-            if (any(isnan(a)) || any(isnan(c))) d = NAN;
-            s = d * (float)(q4.x + q4.y + q4.z + q4.w);
-        }
-        vstore16(lo, 0, qp + 16 * j);
-        vstore16(hi, 0, qp + 32 + 16 * j);
-        vstore4((float4)d, 0, xd + 4 * b);
-        xs[b] = s;
+    global char *rec = xr + (ulong)t * nbx * I8_RECORD;
+    for (int b = 2 * p; b < 2 * p + 2; b++) {
+        const global float *xb = x + xoff + (ulong)t * cols + 32 * b;
+        if (b < nb) rec_block(vload16(0, xb), vload16(1, xb), rec, nbx, b);
+        else rec_zero(rec, nbx, b);
     }
 }
 
