@@ -90,6 +90,12 @@ struct kv_backend {
      * the values add and rmsnorm give. NULL: forward.c calls those two. */
     void (*add_rmsnorm)(kv_backend *b, float *x, const float *a, float *y, const float *w, int64_t T, int64_t n,
                         float eps);
+    /* Optional: y(T, w.rows) = x . w^T, then r(T, w.rows) += y and
+     * y = rmsnorm(r) * nw (a residual add and the next norm after a
+     * product); the values matmul then add_rmsnorm give. NULL: forward.c
+     * calls those. */
+    void (*matmul_add_rmsnorm)(kv_backend *b, const kv_weight *w, const float *x, int64_t T, float *r, float *y,
+                               const float *nw, float eps, void *scratch);
     /* x(T, n_head, head_dim) rotated in place; pos(T) positions. */
     void (*rope)(kv_backend *b, float *x, int64_t T, int n_head, int head_dim, const int32_t *pos,
                  const kv_rope_params *rp);

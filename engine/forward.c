@@ -61,11 +61,32 @@ static void add_norm(kv_backend *be, float *x, const float *a, float *y, const f
     be->rmsnorm(be, y, x, w, T, n, eps);
 }
 
+/* xb(T, n_embd) = xin w^T [post: then rmsnorm(xb) * post], then with norm
+ * x += xb and xb = rmsnorm(x) * norm (one call where the backend fuses
+ * the product with the add and the norm); norm NULL: xb is left for the
+ * caller to add */
+static void project_add_norm(kv_session *s, const kv_weight *w, const float *xin, int T, const float *post,
+                             const float *norm) {
+    kv_model *m = s->m;
+    kv_backend *be = &m->be;
+    const int n_embd = m->info.n_embd;
+    if (!post && norm && be->matmul_add_rmsnorm) {
+        be->matmul_add_rmsnorm(be, w, xin, T, s->x, s->xb, norm, m->eps, s->mm_scratch);
+        return;
+    }
+    be->matmul(be, w, NULL, xin, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
+    if (post) be->rmsnorm(be, s->xb, s->xb, post, T, n_embd, m->eps);
+    if (norm) add_norm(be, s->x, s->xb, s->xb, norm, T, n_embd, m->eps);
+}
+
 /* s owns the scratch; the T rows belong to seqs[0] (n_seqs == 1: T tokens
  * at its positions) or are one token of each of the n_seqs == T sessions.
- * A layer leaves its feed-forward output in xb: the next layer (or
- * forward_rows after the last) adds it to x, with the norm that follows. */
-static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, int il, int T) {
+ * Layer 0 starts from x; every later one from xb, the normed input the
+ * layer before left there. A layer ends with x += its feed-forward output
+ * and xb = rmsnorm(x) * next_norm (the next layer's attention norm, or the
+ * output norm); next_norm NULL: the output stays in xb, for forward_rows
+ * to add. */
+static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, int il, int T, const float *next_norm) {
     kv_model *m = s->m;
     kv_backend *be = &m->be;
     const kv_model_info *in = &m->info;
@@ -75,7 +96,6 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
 
     /* ---- attention ---- */
     if (il == 0) be->rmsnorm(be, s->xb, s->x, L->attn_norm, T, n_embd, m->eps); /* (T, n_embd) */
-    else add_norm(be, s->x, s->xb, s->xb, L->attn_norm, T, n_embd, m->eps);      /* the last layer's output first */
     /* q (T, n_head*hd), k (T, n_kv*hd), v (T, n_kv*hdv) */
     matmuls(be, 3, (const kv_weight *[]){&L->wq, &L->wk, &L->wv}, (const float *[]){L->bq, L->bk, L->bv}, s->xb, T,
             (float *[]){s->q, s->k, s->v}, s->mm_scratch);
@@ -117,18 +137,16 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
                 be->hadamard(be, s->att + (size_t)b * n_head * hdv, n_head, hdv);
     }
 
-    be->matmul(be, &L->wo, NULL, s->att, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
-    if (L->post_attn_norm) be->rmsnorm(be, s->xb, s->xb, L->post_attn_norm, T, n_embd, m->eps);
+    /* x += the attention output, xb = the feed-forward's input */
+    project_add_norm(s, &L->wo, s->att, T, L->post_attn_norm, L->ffn_norm);
 
     /* ---- feed-forward ---- */
     const int n_ff = in->n_ff;
-    add_norm(be, s->x, s->xb, s->xb, L->ffn_norm, T, n_embd, m->eps); /* x += attention output */
     matmuls(be, 2, (const kv_weight *[]){&L->w_gate, &L->w_up}, (const float *[]){NULL, NULL}, s->xb, T,
             (float *[]){s->gate, s->up}, s->mm_scratch); /* (T, n_ff) each */
     be->ffn_act(be, s->gate, s->up, T, n_ff, m->act);
-    be->matmul(be, &L->w_down, NULL, s->gate, T, s->xb, n_embd, s->mm_scratch); /* (T, n_embd) */
-    if (L->post_ffw_norm) be->rmsnorm(be, s->xb, s->xb, L->post_ffw_norm, T, n_embd, m->eps);
-    return true; /* xb: added to x by the next layer or forward_rows */
+    project_add_norm(s, &L->w_down, s->gate, T, L->post_ffw_norm, next_norm);
+    return true;
 }
 
 /* ==== the whole pass ======================================================= */
@@ -143,17 +161,17 @@ static bool forward_rows(kv_session *s, kv_session *const *seqs, int n_seqs, con
     be->embed(be, &m->tok_embd, ids, T, s->x); /* (T, n_embd) */
     if (m->embd_scale != 1.0f) be->scale(be, s->x, (int64_t)T * n_embd, m->embd_scale);
 
-    for (int il = 0; il < m->info.n_layer; il++)
-        if (!forward_layer(s, seqs, n_seqs, il, T)) return false;
-
-    /* rows wanted: the last one, or all (none: r0 = T); the last layer's
-     * output (xb) goes into every row of x (checked for finiteness after) */
-    const bool pending = m->info.n_layer > 0;
-    int r0 = logits_mode == KV_LOGITS_ALL ? 0 : logits_mode == KV_LOGITS_NONE ? T : T - 1, nr = T - r0;
-    if (pending && r0 == 0) {
-        add_norm(be, s->x, s->xb, s->xb, m->output_norm, T, n_embd, m->eps); /* (T, n_embd) */
-    } else {
-        if (pending) be->add(be, s->x, s->xb, (int64_t)T * n_embd);
+    /* rows wanted: the last one, or all (none: r0 = T). With all, the last
+     * layer ends with the output norm; else its output (xb) goes into every
+     * row of x (checked for finiteness after), then the norm of the rows */
+    const int r0 = logits_mode == KV_LOGITS_ALL ? 0 : logits_mode == KV_LOGITS_NONE ? T : T - 1, nr = T - r0;
+    const int n_layer = m->info.n_layer;
+    for (int il = 0; il < n_layer; il++) {
+        const float *next = il + 1 < n_layer ? m->layers[il + 1].attn_norm : r0 == 0 ? m->output_norm : NULL;
+        if (!forward_layer(s, seqs, n_seqs, il, T, next)) return false;
+    }
+    if (n_layer == 0 || r0 != 0) { /* else xb holds the output norm's rows */
+        if (n_layer > 0) be->add(be, s->x, s->xb, (int64_t)T * n_embd);
         if (nr == 0) return true;
         const float *xr = s->x + (size_t)r0 * n_embd;                   /* (nr, n_embd) */
         be->rmsnorm(be, s->xb, xr, m->output_norm, nr, n_embd, m->eps); /* (nr, n_embd) */

@@ -60,6 +60,7 @@ typedef struct {
                                or ~/.cache/kvlua/cl; "": no cache */
     uint64_t max_alloc;     /* 0: the device's; else a smaller cap (splits buffers sooner) */
     bool portable;          /* use no optional extension (fp64), to test the fallbacks */
+    bool no_fp64;           /* only no fp64 (the integer kernels stay), to test their float sums */
     int gemv;               /* KVCL_GEMV_* */
     const char *extra_source; /* appended to the program (NULL: none); tests of build errors */
 } kvcl_options;

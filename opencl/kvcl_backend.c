@@ -292,6 +292,21 @@ static void cl_add_rmsnorm(kv_backend *b, float *x, const float *a, float *y, co
     keep(S, st, &e);
 }
 
+static void cl_matmul_add_rmsnorm(kv_backend *b, const kv_weight *w, const float *x, int64_t T, float *r, float *y,
+                                  const float *nw, float eps, void *scratch) {
+    cl_state *S = b->ctx;
+    kvcl_view xv, rv, yv;
+    bool ok = true;
+    if (failed(S) || !dev_view(S, x, &xv) || !dev_view(S, r, &rv) || !dev_view(S, y, &yv)) return;
+    const kvcl_weight *W = weight_of(S, w);
+    kvcl_buf *nb = vec_of(S, nw, &ok);
+    if (!W || !ok) return;
+    (void)scratch;
+    kv_error e;
+    kv_status st = kvcl_matmul_add_rmsnorm(S->c, W, xv, T, rv, yv, nb, eps, &e);
+    keep(S, st, &e);
+}
+
 /* uploads the positions when they changed */
 static kv_status upload_pos(cl_state *S, const int32_t *pos, int64_t T, kv_error *e) {
     if (S->pos_n == T && !memcmp(S->pos_shadow, pos, (size_t)T * sizeof *pos)) return KV_OK;
@@ -713,7 +728,7 @@ kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e
         .name = "opencl", .ctx = S,
         .alloc = cl_alloc, .free = cl_free, .matmul_scratch = cl_zero_scratch, .matmul = cl_matmul,
         .matmul_n = cl_matmul_n, .rope_qk = cl_rope_qk,
-        .rmsnorm = cl_rmsnorm, .add_rmsnorm = cl_add_rmsnorm, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .hadamard = cl_hadamard, .ffn_act = cl_ffn_act,
+        .rmsnorm = cl_rmsnorm, .add_rmsnorm = cl_add_rmsnorm, .matmul_add_rmsnorm = cl_matmul_add_rmsnorm, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .hadamard = cl_hadamard, .ffn_act = cl_ffn_act,
         .softcap = cl_softcap, .embed = cl_embed, .kv_store = cl_kv_store, .attention = cl_attention,
         .attn_scratch = cl_attn_scratch, .all_finite = cl_all_finite, .status = cl_status,
         .pages_grow = cl_pages_grow, .pages_copy = cl_pages_copy, .page_sync = cl_page_sync, .close = cl_close,

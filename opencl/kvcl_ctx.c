@@ -138,7 +138,8 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
         const struct {
             const char *prefix;
             cl_kernel *k;
-        } i8[] = {{"gemv_i8", &t->gemv_i8}, {"gemv3_i8", &t->gemv3_i8}, {"tiled_i8", &t->tiled_i8}};
+        } i8[] = {{"gemv_i8", &t->gemv_i8}, {"gemv3_i8", &t->gemv3_i8}, {"tiled_i8", &t->tiled_i8},
+                  {"gemv_i8_norm", &t->gemv_i8_norm}};
         for (size_t j = 0; j < sizeof i8 / sizeof i8[0]; j++) {
             snprintf(name, sizeof name, "%s_%s", i8[j].prefix, k_types[i].suffix);
             if (kernel(c, name, i8[j].k, e) != KV_OK) return KV_ERR_DEVICE;
@@ -205,6 +206,9 @@ static kv_status open_queue(kvcl_ctx *c, kv_error *e) {
     if (err != CL_SUCCESS) return kv_fail(e, kvcl_status_of(err), "OpenCL queue: %s", kvcl_errstr(err));
     c->flag = clCreateBuffer(c->ctx, CL_MEM_READ_WRITE, sizeof(cl_int), NULL, &err);
     if (err != CL_SUCCESS) return kv_fail(e, kvcl_status_of(err), "OpenCL buffer: %s", kvcl_errstr(err));
+    static const cl_int zero = 0;
+    c->count = clCreateBuffer(c->ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, (void *)&zero, &err);
+    if (err != CL_SUCCESS) return kv_fail(e, kvcl_status_of(err), "OpenCL buffer: %s", kvcl_errstr(err));
     return KV_OK;
 }
 
@@ -242,7 +246,8 @@ void kvcl_close(kvcl_ctx *c) {
     if (c->q) clFinish(c->q);
     for (int t = 0; t < KV_TYPE_COUNT; t++) {
         cl_kernel *k[] = {&c->mm[t].gemv,  &c->mm[t].gemv_wg, &c->mm[t].tiled,   &c->mm[t].deq,
-                          &c->mm[t].gemv3, &c->mm[t].gemv_i8, &c->mm[t].gemv3_i8, &c->mm[t].tiled_i8};
+                          &c->mm[t].gemv3, &c->mm[t].gemv_i8, &c->mm[t].gemv3_i8, &c->mm[t].tiled_i8,
+                          &c->mm[t].gemv_i8_norm};
         for (size_t j = 0; j < sizeof k / sizeof k[0]; j++)
             if (*k[j]) clReleaseKernel(*k[j]);
     }
@@ -256,6 +261,7 @@ void kvcl_close(kvcl_ctx *c) {
     for (int i = 0; i < KVCL_XREC_SLOTS; i++)
         if (c->xrec[i].m) clReleaseMemObject(c->xrec[i].m);
     if (c->flag) clReleaseMemObject(c->flag);
+    if (c->count) clReleaseMemObject(c->count);
     if (c->q) clReleaseCommandQueue(c->q);
     if (c->ctx) clReleaseContext(c->ctx);
     free(c);

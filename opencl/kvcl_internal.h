@@ -34,7 +34,7 @@ extern const int kvcl_kernel_count;
  * for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, NULL for the others) */
 typedef struct {
     cl_kernel gemv, gemv_wg, tiled, deq, gemv3;
-    cl_kernel gemv_i8, gemv3_i8, tiled_i8;
+    cl_kernel gemv_i8, gemv3_i8, tiled_i8, gemv_i8_norm;
 } kvcl_type_kernels;
 
 struct kvcl_ctx {
@@ -77,6 +77,7 @@ struct kvcl_ctx {
     cl_mem scratch;       /* grows on demand: CLBlast tiles, attention partials */
     size_t scratch_bytes;
     cl_mem flag;          /* one int (all_finite) */
+    cl_mem count;         /* one int, 0 between launches (gemv_i8_norm's finished work-groups) */
 
     kv_status failed;     /* KV_OK until a launch or wait fails */
     char fail_msg[KV_ERROR_MAX];

@@ -396,6 +396,42 @@ kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_bu
     return kvcl_launch_run(&L, 1, g, l, "gemv3", e);
 }
 
+kv_status kvcl_matmul_add_rmsnorm(kvcl_ctx *c, const kvcl_weight *w, kvcl_view x, int64_t T, kvcl_view r,
+                                  kvcl_view y, kvcl_buf *nw, float eps, kv_error *e) {
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    cl_mem rec = xq_take(c, x, w->cols, T);
+    const bool one = T == 1 && w->buf && int_path(c, w) && w->buf->n_parts == 1 && w->rows <= INT32_MAX - GEMV_ROWS &&
+                     c->mm[w->type].gemv_i8_norm;
+    if (!one) {
+        kv_status st = matmul_rec(c, KVCL_MM_AUTO, w, NULL, x, T, y, w->rows, rec, e);
+        return st != KV_OK ? st : kvcl_add_rmsnorm(c, r, y, y, nw, T, w->rows, eps, e);
+    }
+    const int64_t n = w->rows;
+    cl_mem xm, rm, ym, nm = NULL;
+    if (kvcl_view_mem(x, (size_t)w->cols, "matmul x", &xm, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(r, (size_t)n, "residual", &rm, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(y, (size_t)n, "matmul y", &ym, e) != KV_OK) return KV_ERR_ARG;
+    if (nw && kvcl_view_mem(kvcl_at(nw, 0), (size_t)n, "rmsnorm weight", &nm, e) != KV_OK) return KV_ERR_ARG;
+    if (!rec) {
+        kv_status st = quantize_x(c, xm, x.off, w->cols, 1, &rec, e);
+        if (st != KV_OK) return st;
+    }
+    int ynbx = 0;
+    cl_mem yrec = kvcl_xq_target(c, n, 1, &ynbx); /* the normed row's records for the next product */
+    kvcl_launch L = kvcl_launch_begin(c, c->mm[w->type].gemv_i8_norm);
+    kvcl_arg_mem(&L, w->buf->parts[0]), kvcl_arg_ulong(&L, w->row_bytes);
+    kvcl_arg_int(&L, (int)n), kvcl_arg_int(&L, (int)w->cols);
+    kvcl_arg_mem(&L, rec), kvcl_arg_int(&L, (int)i8_blocks(w->cols));
+    kvcl_arg_mem(&L, ym), kvcl_arg_ulong(&L, y.off), kvcl_arg_int(&L, (int)n);
+    kvcl_arg_mem(&L, NULL), kvcl_arg_int(&L, 0);
+    kvcl_arg_mem(&L, rm), kvcl_arg_ulong(&L, r.off), kvcl_arg_mem(&L, nm), kvcl_arg_float(&L, eps);
+    kvcl_arg_mem(&L, yrec), kvcl_arg_int(&L, ynbx), kvcl_arg_mem(&L, c->count);
+    size_t g[1] = {kvcl_round_up((size_t)n, GEMV_ROWS)}, l[1] = {GEMV_ROWS};
+    kv_status st = kvcl_launch_run(&L, 1, g, l, "gemv", e);
+    if (st == KV_OK && yrec) kvcl_xq_set(c, ym, y.off, n, 1, yrec);
+    return st;
+}
+
 /* ==== choosing the prefill path ===================================================== */
 
 static double now(void) {

@@ -56,6 +56,12 @@ kv_status kvcl_matmul_with(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf
  * and are single buffers (q, k, v; gate, up), else one product each. */
 kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_buf *const *bias, kvcl_view x,
                         int64_t T, const kvcl_view *y, kv_error *e);
+/* y(T, w.rows) = x . w^T, then r += y and y = rmsnorm(r) * nw (nw NULL:
+ * no weight): kvcl_matmul then kvcl_add_rmsnorm, their bits. One launch
+ * for a token on an integer-kernel device (the last work-group to finish
+ * its rows adds and norms), else those two. */
+kv_status kvcl_matmul_add_rmsnorm(kvcl_ctx *c, const kvcl_weight *w, kvcl_view x, int64_t T, kvcl_view r,
+                                  kvcl_view y, kvcl_buf *nw, float eps, kv_error *e);
 /* True when this build has CLBlast. */
 bool kvcl_have_clblast(void);
 

@@ -85,9 +85,9 @@ static void build_options(const kvcl_ctx *c, const kvcl_options *o, char *out, s
     clGetDeviceInfo(c->dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
     /* correctly rounded x / y and sqrt: the Q8_0 scales and RMS factors
      * then match the CPU's bit for bit */
-    snprintf(out, cap, "-cl-std=CL1.2%s%s",
+    snprintf(out, cap, "-cl-std=CL1.2%s%s%s",
              (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
-             o->portable ? " -DKVCL_PORTABLE" : "");
+             o->portable ? " -DKVCL_PORTABLE" : "", o->no_fp64 ? " -DKVCL_NO_FP64" : "");
 }
 
 /* ==== cache files ============================================================ */

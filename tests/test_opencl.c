@@ -1225,6 +1225,76 @@ static void test_records(kvcl_ctx *c, const char *label) {
             }
 }
 
+/* kvcl_matmul_add_rmsnorm: the bits of kvcl_matmul then kvcl_add_rmsnorm
+ * (one launch for a token where the device has the integer kernels: the
+ * last work-group norms), launched several times in a row (its count of
+ * finished groups must start at 0 every time), and the records it leaves
+ * for the next product */
+static void test_matmul_add_rmsnorm(kvcl_ctx *c, const char *label) {
+    static const struct {
+        int type, T;
+        int64_t cols, n;
+        bool weight;
+    } cases[] = {
+        {KV_TYPE_Q4_1, 1, 576, 576, true},  {KV_TYPE_Q4_0, 1, 1536, 576, true}, {KV_TYPE_Q8_0, 1, 256, 80, false},
+        {KV_TYPE_Q5_1, 1, 64, 2080, true},  {KV_TYPE_Q4_1, 3, 576, 576, true},  {KV_TYPE_F16, 1, 96, 160, true},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int type = cases[ci].type, T = cases[ci].T;
+        const int64_t cols = cases[ci].cols, n = cases[ci].n;
+        uint8_t *wbytes, *nbytes;
+        float *deq, *ndeq;
+        random_weight(type, n, cols, &wbytes, &deq);
+        random_weight(KV_TYPE_Q8_0, 40, n % 32 ? 32 : n, &nbytes, &ndeq); /* a product of the normed rows */
+        kvcl_weight w, next;
+        kv_status st = kvcl_weight_upload(c, type, n, cols, wbytes, &w, &g_err);
+        const bool have_next = n % 32 == 0;
+        if (st == KV_OK && have_next) st = kvcl_weight_upload(c, KV_TYPE_Q8_0, 40, n, nbytes, &next, &g_err);
+        float *x = xmalloc(sizeof(float) * T * cols), *r = xmalloc(sizeof(float) * T * n), *nw = xmalloc(sizeof(float) * n);
+        for (int64_t i = 0; i < T * cols; i++) x[i] = frand();
+        for (int64_t i = 0; i < T * n; i++) r[i] = frand() * 2;
+        for (int64_t i = 0; i < n; i++) nw[i] = frand() + 1.0f;
+        kvcl_buf *xb = dev_floats(c, x, T * cols), *nb = cases[ci].weight ? dev_floats(c, nw, n) : NULL;
+        kvcl_buf *r1 = dev_floats(c, r, T * n), *r2 = dev_floats(c, r, T * n);
+        kvcl_buf *y1 = dev_buf(c, NULL, sizeof(float) * (T * n + 2)), *y2 = dev_buf(c, NULL, sizeof(float) * T * n);
+        kvcl_buf *p1 = dev_buf(c, NULL, sizeof(float) * T * 40), *p2 = dev_buf(c, NULL, sizeof(float) * T * 40);
+        float *a = xmalloc(sizeof(float) * T * n), *b = xmalloc(sizeof(float) * T * n);
+        float *pa = xmalloc(sizeof(float) * T * 40), *pb = xmalloc(sizeof(float) * T * 40);
+        int differ = 0, rounds = 0;
+        for (int round = 0; round < 3 && st == KV_OK; round++, rounds++) { /* r accumulates: 3 different inputs */
+            st = kvcl_matmul_add_rmsnorm(c, &w, kvcl_at(xb, 0), T, kvcl_at(r1, 0), kvcl_at(y1, 2), nb, 1e-5f, &g_err);
+            if (st == KV_OK && have_next) st = kvcl_matmul(c, &next, NULL, kvcl_at(y1, 2), T, kvcl_at(p1, 0), 40, &g_err);
+            if (st == KV_OK) st = kvcl_matmul(c, &w, NULL, kvcl_at(xb, 0), T, kvcl_at(y2, 0), n, &g_err);
+            if (st == KV_OK)
+                st = kvcl_add_rmsnorm(c, kvcl_at(r2, 0), kvcl_at(y2, 0), kvcl_at(y2, 0), nb, T, n, 1e-5f, &g_err);
+            if (st == KV_OK && have_next) { /* y2 from the host: the product quantizes it */
+                get_floats(c, y2, 0, b, T * n);
+                st = kvcl_write(c, y2, 0, b, sizeof(float) * T * n, &g_err);
+                if (st == KV_OK) st = kvcl_matmul(c, &next, NULL, kvcl_at(y2, 0), T, kvcl_at(p2, 0), 40, &g_err);
+            }
+            if (st != KV_OK) break;
+            get_floats(c, y1, 2, a, T * n), get_floats(c, y2, 0, b, T * n);
+            differ += (int)(T * n) - count_exact(a, b, T * n);
+            get_floats(c, r1, 0, a, T * n), get_floats(c, r2, 0, b, T * n);
+            differ += (int)(T * n) - count_exact(a, b, T * n);
+            if (have_next) {
+                get_floats(c, p1, 0, pa, T * 40), get_floats(c, p2, 0, pb, T * 40);
+                differ += T * 40 - count_exact(pa, pb, T * 40);
+            }
+        }
+        char name[200];
+        snprintf(name, sizeof name, "matmul_add_rmsnorm %s%s (%lld x %lld, T %d%s): the bits of matmul, add_rmsnorm%s",
+                 label, tname(type), (long long)n, (long long)cols, T, cases[ci].weight ? "" : ", no weight",
+                 have_next ? " and the next product" : "");
+        report(st == KV_OK && rounds == 3 && differ == 0, name, "%s; %d values differ", st ? g_err.msg : "", differ);
+        kvcl_weight_free(&w);
+        if (have_next) kvcl_weight_free(&next);
+        kvcl_buf_free(xb), kvcl_buf_free(nb), kvcl_buf_free(r1), kvcl_buf_free(r2), kvcl_buf_free(y1);
+        kvcl_buf_free(y2), kvcl_buf_free(p1), kvcl_buf_free(p2);
+        free(wbytes), free(nbytes), free(deq), free(ndeq), free(x), free(r), free(nw), free(a), free(b), free(pa), free(pb);
+    }
+}
+
 /* ==== main ======================================================================= */
 
 int main(void) {
@@ -1285,6 +1355,13 @@ int main(void) {
     test_attention(g_c);
     test_records(g_c, "");
     test_records(split, "split, ");
+    test_matmul_add_rmsnorm(g_c, "");
+    test_matmul_add_rmsnorm(split, "split ");
+    kvcl_options nod = {.cache_dir = g_cache, .no_fp64 = true};
+    kvcl_ctx *cn = open_ctx(&nod); /* rmsnorm's float sums, with the integer kernels where they exist */
+    test_rmsnorm(cn, " (no fp64, integer kernels)", 8);
+    test_matmul_add_rmsnorm(cn, "no fp64 ");
+    kvcl_close(cn);
 
     kvcl_close(split);
     kvcl_close(g_c);

@@ -14,7 +14,7 @@
  */
 #pragma OPENCL FP_CONTRACT OFF
 
-#if defined(cl_khr_fp64) && !defined(KVCL_PORTABLE)
+#if defined(cl_khr_fp64) && !defined(KVCL_PORTABLE) && !defined(KVCL_NO_FP64)
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #define RMS_DOUBLE 1
 #endif
@@ -68,6 +68,41 @@ kernel void rmsnorm(global float *y, ulong yoff, global float *x, ulong xoff, gl
     if (!xr) return;
     global char *rec = xr + (ulong)row * nbx * I8_RECORD;
     for (int b = lid; b < n / 32; b += RMS_GROUP) rec_block(vload16(0, yrow + 32 * b), vload16(1, yrow + 32 * b), rec, nbx, b);
+}
+
+/* rmsnorm's row (with a) by one item: the RMS_GROUP lanes' sums kept in
+ * an array, element i into lane i % RMS_GROUP in the order a lane's item
+ * adds them, then the same tree; so the bits are rmsnorm's. For a kernel
+ * whose last work-group norms a row the others wrote (gemv_i8_norm). */
+KV_INL void rmsnorm_row1(global float *yrow, global float *xrow, const global float *a, global const float *w, int n,
+                         float eps) {
+#ifdef RMS_DOUBLE
+    double part[RMS_GROUP];
+    for (int l = 0; l < RMS_GROUP; l++) part[l] = 0.0;
+    for (int i = 0; i < n; i++) {
+        if (a) xrow[i] += a[i];
+        part[i % RMS_GROUP] += (double)(xrow[i] * xrow[i]);
+    }
+#else
+    float part[RMS_GROUP], comp[RMS_GROUP];
+    for (int l = 0; l < RMS_GROUP; l++) part[l] = comp[l] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (a) xrow[i] += a[i];
+        const int l = i % RMS_GROUP;
+        float v = xrow[i] * xrow[i] - comp[l], t = part[l] + v;
+        comp[l] = (t - part[l]) - v;
+        part[l] = t;
+    }
+#endif
+    for (int h = RMS_GROUP / 2; h > 0; h /= 2)
+        for (int l = 0; l < h; l++) part[l] += part[l + h];
+#ifdef RMS_DOUBLE
+    const float mean = (float)(part[0] / (double)n);
+#else
+    const float mean = part[0] / (float)n;
+#endif
+    const float sc = 1.0f / sqrt(mean + eps);
+    for (int i = 0; i < n; i++) yrow[i] = w ? xrow[i] * sc * w[i] : xrow[i] * sc;
 }
 
 /* ---- RoPE: one item per (rotated pair i, token t), all heads ---- */

@@ -203,6 +203,36 @@ KV_INL void gemv_i8(const int type, GEMV_I8_PARAMS) {
 #endif
 }
 
+/* gemv_i8 for one token (row0 0, ldy unused), then r(rows) += y and
+ * y = rmsnorm(r) * nw by the last work-group to finish (count: 0 before
+ * and after a launch), with y's record (yr not NULL): one launch for what
+ * gemv_i8, then rmsnorm with an addend, do. CPU drivers only: the other
+ * groups' rows are read after an atomic count, which OpenCL 1.2 does not
+ * promise to order on every device. */
+KV_INL void gemv_i8_norm(const int type, GEMV_I8_PARAMS, global float *res, ulong roff, global const float *nw,
+                         float eps, global char *yr, int ynbx, global int *count, local int *last) {
+#if KV_INT_DOT
+    const int r = get_global_id(0);
+    if (r < rows) {
+        float s = row_dot_i8(type, W + r * row_bytes, cols / 32, I8_Q(0), I8_D(0), I8_S(0));
+        if (bias) s += bias[r];
+        y[yoff + r] = s;
+    }
+    barrier(CLK_GLOBAL_MEM_FENCE); /* the group's rows are stored */
+    if (get_local_id(0) == 0) {
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        *last = atomic_inc(count) == (int)get_num_groups(0) - 1;
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!*last || get_local_id(0) != 0) return;
+    *count = 0;
+    global float *yrow = y + yoff;
+    rmsnorm_row1(yrow, res + roff, yrow, nw, rows, eps);
+    for (int b = 0; yr && b < rows / 32; b++) rec_block(vload16(0, yrow + 32 * b), vload16(1, yrow + 32 * b), yr, ynbx, b);
+#endif
+}
+
 /* item r: gemv3's split of rows over up to three weights */
 #define GEMV3_I8_PARAMS                                                                                         \
     global const uchar *W0, global const uchar *W1, global const uchar *W2, ulong row_bytes, int n0, int n1,     \
@@ -265,7 +295,12 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
         gemv3_i8(TYPE, W0, W1, W2, row_bytes, n0, n1, n2, cols, xr, nbx, y0, y0off, y1, y1off, y2, y2off, \
                  b0, b1, b2);                                                                                  \
     }                                                                                                          \
-    kernel void tiled_i8_##name(GEMV_I8_PARAMS, int T) { tiled_i8(TYPE, GEMV_I8_ARGS, T); }
+    kernel void tiled_i8_##name(GEMV_I8_PARAMS, int T) { tiled_i8(TYPE, GEMV_I8_ARGS, T); }                    \
+    kernel void gemv_i8_norm_##name(GEMV_I8_PARAMS, global float *res, ulong roff, global const float *nw,     \
+                                    float eps, global char *yr, int ynbx, global int *count) {                 \
+        local int last; /* whether this group finished last */                                                 \
+        gemv_i8_norm(TYPE, GEMV_I8_ARGS, res, roff, nw, eps, yr, ynbx, count, &last);                           \
+    }
 
 MATMUL_I8_KERNELS(q4_0, TYPE_Q4_0)
 MATMUL_I8_KERNELS(q4_1, TYPE_Q4_1)
