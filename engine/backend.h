@@ -90,6 +90,11 @@ struct kv_backend {
      * the values add and rmsnorm give. NULL: forward.c calls those two. */
     void (*add_rmsnorm)(kv_backend *b, float *x, const float *a, float *y, const float *w, int64_t T, int64_t n,
                         float eps);
+    /* Optional: g(T, wg.rows) = x . wg^T, u = x . wu^T, then g = act(g) * u
+     * (the feed-forward's gate and up); the values matmul_n (or matmul)
+     * and ffn_act give. NULL: forward.c calls those. */
+    void (*matmul_act)(kv_backend *b, const kv_weight *wg, const kv_weight *wu, const float *x, int64_t T, float *g,
+                       float *u, int act, void *scratch);
     /* Optional: y(T, w.rows) = x . w^T, then r(T, w.rows) += y and
      * y = rmsnorm(r) * nw (a residual add and the next norm after a
      * product); the values matmul then add_rmsnorm give. NULL: forward.c

@@ -142,9 +142,13 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
 
     /* ---- feed-forward ---- */
     const int n_ff = in->n_ff;
-    matmuls(be, 2, (const kv_weight *[]){&L->w_gate, &L->w_up}, (const float *[]){NULL, NULL}, s->xb, T,
-            (float *[]){s->gate, s->up}, s->mm_scratch); /* (T, n_ff) each */
-    be->ffn_act(be, s->gate, s->up, T, n_ff, m->act);
+    if (be->matmul_act) { /* gate = act(xb Wg^T) * xb Wu^T (T, n_ff) */
+        be->matmul_act(be, &L->w_gate, &L->w_up, s->xb, T, s->gate, s->up, m->act, s->mm_scratch);
+    } else {
+        matmuls(be, 2, (const kv_weight *[]){&L->w_gate, &L->w_up}, (const float *[]){NULL, NULL}, s->xb, T,
+                (float *[]){s->gate, s->up}, s->mm_scratch); /* (T, n_ff) each */
+        be->ffn_act(be, s->gate, s->up, T, n_ff, m->act);
+    }
     project_add_norm(s, &L->w_down, s->gate, T, L->post_ffw_norm, next_norm);
     return true;
 }

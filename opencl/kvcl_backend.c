@@ -292,6 +292,19 @@ static void cl_add_rmsnorm(kv_backend *b, float *x, const float *a, float *y, co
     keep(S, st, &e);
 }
 
+static void cl_matmul_act(kv_backend *b, const kv_weight *wg, const kv_weight *wu, const float *x, int64_t T,
+                          float *g, float *u, int act, void *scratch) {
+    cl_state *S = b->ctx;
+    kvcl_view xv, gv, uv;
+    if (failed(S) || !dev_view(S, x, &xv) || !dev_view(S, g, &gv) || !dev_view(S, u, &uv)) return;
+    const kvcl_weight *WG = weight_of(S, wg), *WU = weight_of(S, wu);
+    if (!WG || !WU) return;
+    (void)scratch;
+    kv_error e;
+    kv_status st = kvcl_matmul_act(S->c, WG, WU, xv, T, gv, uv, act, &e);
+    keep(S, st, &e);
+}
+
 static void cl_matmul_add_rmsnorm(kv_backend *b, const kv_weight *w, const float *x, int64_t T, float *r, float *y,
                                   const float *nw, float eps, void *scratch) {
     cl_state *S = b->ctx;
@@ -728,7 +741,8 @@ kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e
         .name = "opencl", .ctx = S,
         .alloc = cl_alloc, .free = cl_free, .matmul_scratch = cl_zero_scratch, .matmul = cl_matmul,
         .matmul_n = cl_matmul_n, .rope_qk = cl_rope_qk,
-        .rmsnorm = cl_rmsnorm, .add_rmsnorm = cl_add_rmsnorm, .matmul_add_rmsnorm = cl_matmul_add_rmsnorm, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .hadamard = cl_hadamard, .ffn_act = cl_ffn_act,
+        .rmsnorm = cl_rmsnorm, .add_rmsnorm = cl_add_rmsnorm, .matmul_add_rmsnorm = cl_matmul_add_rmsnorm,
+        .matmul_act = cl_matmul_act, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .hadamard = cl_hadamard, .ffn_act = cl_ffn_act,
         .softcap = cl_softcap, .embed = cl_embed, .kv_store = cl_kv_store, .attention = cl_attention,
         .attn_scratch = cl_attn_scratch, .all_finite = cl_all_finite, .status = cl_status,
         .pages_grow = cl_pages_grow, .pages_copy = cl_pages_copy, .page_sync = cl_page_sync, .close = cl_close,

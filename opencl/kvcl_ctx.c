@@ -139,7 +139,7 @@ static kv_status create_kernels(kvcl_ctx *c, kv_error *e) {
             const char *prefix;
             cl_kernel *k;
         } i8[] = {{"gemv_i8", &t->gemv_i8}, {"gemv3_i8", &t->gemv3_i8}, {"tiled_i8", &t->tiled_i8},
-                  {"gemv_i8_norm", &t->gemv_i8_norm}};
+                  {"gemv_i8_norm", &t->gemv_i8_norm}, {"gemv_act_i8", &t->gemv_act_i8}};
         for (size_t j = 0; j < sizeof i8 / sizeof i8[0]; j++) {
             snprintf(name, sizeof name, "%s_%s", i8[j].prefix, k_types[i].suffix);
             if (kernel(c, name, i8[j].k, e) != KV_OK) return KV_ERR_DEVICE;
@@ -247,7 +247,7 @@ void kvcl_close(kvcl_ctx *c) {
     for (int t = 0; t < KV_TYPE_COUNT; t++) {
         cl_kernel *k[] = {&c->mm[t].gemv,  &c->mm[t].gemv_wg, &c->mm[t].tiled,   &c->mm[t].deq,
                           &c->mm[t].gemv3, &c->mm[t].gemv_i8, &c->mm[t].gemv3_i8, &c->mm[t].tiled_i8,
-                          &c->mm[t].gemv_i8_norm};
+                          &c->mm[t].gemv_i8_norm, &c->mm[t].gemv_act_i8};
         for (size_t j = 0; j < sizeof k / sizeof k[0]; j++)
             if (*k[j]) clReleaseKernel(*k[j]);
     }

@@ -34,7 +34,7 @@ extern const int kvcl_kernel_count;
  * for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, NULL for the others) */
 typedef struct {
     cl_kernel gemv, gemv_wg, tiled, deq, gemv3;
-    cl_kernel gemv_i8, gemv3_i8, tiled_i8, gemv_i8_norm;
+    cl_kernel gemv_i8, gemv3_i8, tiled_i8, gemv_i8_norm, gemv_act_i8;
 } kvcl_type_kernels;
 
 struct kvcl_ctx {

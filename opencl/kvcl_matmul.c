@@ -432,6 +432,43 @@ kv_status kvcl_matmul_add_rmsnorm(kvcl_ctx *c, const kvcl_weight *w, kvcl_view x
     return st;
 }
 
+kv_status kvcl_matmul_act(kvcl_ctx *c, const kvcl_weight *wg, const kvcl_weight *wu, kvcl_view x, int64_t T,
+                          kvcl_view g, kvcl_view u, int act, kv_error *e) {
+    if (kvcl_check(c, e) != KV_OK) return c->failed;
+    const bool one = T == 1 && wg->buf && wu->buf && int_path(c, wg) && wg->type == wu->type && wg->rows == wu->rows &&
+                     wg->cols == wu->cols && wg->buf->n_parts == 1 && wu->buf->n_parts == 1 &&
+                     wg->rows <= INT32_MAX - GEMV_ROWS && c->mm[wg->type].gemv_act_i8 &&
+                     (act == KV_ACT_SILU || act == KV_ACT_GELU_TANH);
+    if (!one) {
+        const kvcl_weight *w[2] = {wg, wu};
+        kvcl_buf *bias[2] = {NULL, NULL};
+        const kvcl_view y[2] = {g, u};
+        kv_status st = kvcl_matmul_n(c, 2, w, bias, x, T, y, e);
+        return st != KV_OK ? st : kvcl_ffn_act(c, g, u, T, wg->rows, act, e);
+    }
+    const int64_t n = wg->rows;
+    cl_mem xm, gm, um, rec = xq_take(c, x, wg->cols, 1);
+    if (kvcl_view_mem(x, (size_t)wg->cols, "matmul x", &xm, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(g, (size_t)n, "matmul y", &gm, e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_view_mem(u, (size_t)n, "matmul y", &um, e) != KV_OK) return KV_ERR_ARG;
+    if (!rec) {
+        kv_status st = quantize_x(c, xm, x.off, wg->cols, 1, &rec, e);
+        if (st != KV_OK) return st;
+    }
+    int ynbx = 0;
+    cl_mem yrec = kvcl_xq_target(c, n, 1, &ynbx); /* the activations' records for the down product */
+    kvcl_launch L = kvcl_launch_begin(c, c->mm[wg->type].gemv_act_i8);
+    kvcl_arg_mem(&L, wg->buf->parts[0]), kvcl_arg_mem(&L, wu->buf->parts[0]), kvcl_arg_ulong(&L, wg->row_bytes);
+    kvcl_arg_int(&L, (int)n), kvcl_arg_int(&L, (int)wg->cols);
+    kvcl_arg_mem(&L, rec), kvcl_arg_int(&L, (int)i8_blocks(wg->cols));
+    kvcl_arg_mem(&L, gm), kvcl_arg_ulong(&L, g.off), kvcl_arg_mem(&L, um), kvcl_arg_ulong(&L, u.off);
+    kvcl_arg_int(&L, act), kvcl_arg_mem(&L, yrec), kvcl_arg_int(&L, ynbx);
+    size_t gs[1] = {(size_t)(n + 31) / 32 * 64}, l[1] = {64}; /* 32 rows of each weight a group */
+    kv_status st = kvcl_launch_run(&L, 1, gs, l, "gemv", e);
+    if (st == KV_OK && yrec) kvcl_xq_set(c, gm, g.off, n, 1, yrec);
+    return st;
+}
+
 /* ==== choosing the prefill path ===================================================== */
 
 static double now(void) {

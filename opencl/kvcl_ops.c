@@ -8,7 +8,7 @@
 #include "kvcl_ops.h"
 #include "quant.h"
 
-#define GROUP 64    /* work-group size of the one-item-per-element kernels (= ACT_GROUP in elementwise.cl) */
+#define GROUP 64    /* work-group size of the one-item-per-element kernels (and ffn_act's ACT_GROUP) */
 #define RMS_GROUP 64 /* = RMS_GROUP in elementwise.cl */
 
 /* one item per element of n, in groups of GROUP */
@@ -157,7 +157,7 @@ kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t T, int
     kvcl_arg_mem(&L, gm), kvcl_arg_ulong(&L, gate.off), kvcl_arg_mem(&L, um), kvcl_arg_ulong(&L, up.off);
     kvcl_arg_long(&L, n), kvcl_arg_int(&L, act);
     kvcl_arg_mem(&L, rec), kvcl_arg_int(&L, rec ? (int)cols : 0), kvcl_arg_int(&L, nbx);
-    kv_status st = run_1d(&L, n, "ffn_act", e);
+    kv_status st = run_1d(&L, (n + 15) / 16, "ffn_act", e); /* 16 elements an item */
     if (st == KV_OK && rec) kvcl_xq_set(c, gm, gate.off, cols, T, rec);
     return st;
 }

@@ -56,6 +56,11 @@ kv_status kvcl_matmul_with(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_buf
  * and are single buffers (q, k, v; gate, up), else one product each. */
 kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_buf *const *bias, kvcl_view x,
                         int64_t T, const kvcl_view *y, kv_error *e);
+/* g(T, n) = x . wg^T, u = x . wu^T, then g = act(g) * u: kvcl_matmul_n
+ * then kvcl_ffn_act, their bits (the gate and up projections). One launch
+ * for a token on an integer-kernel device, else those two. */
+kv_status kvcl_matmul_act(kvcl_ctx *c, const kvcl_weight *wg, const kvcl_weight *wu, kvcl_view x, int64_t T,
+                          kvcl_view g, kvcl_view u, int act, kv_error *e);
 /* y(T, w.rows) = x . w^T, then r += y and y = rmsnorm(r) * nw (nw NULL:
  * no weight): kvcl_matmul then kvcl_add_rmsnorm, their bits. One launch
  * for a token on an integer-kernel device (the last work-group to finish

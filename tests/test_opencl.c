@@ -1295,6 +1295,73 @@ static void test_matmul_add_rmsnorm(kvcl_ctx *c, const char *label) {
     }
 }
 
+/* kvcl_matmul_act: the bits of kvcl_matmul_n (gate, up) then kvcl_ffn_act
+ * (one launch for a token on an integer-kernel device), and the records
+ * it leaves for the down product */
+static void test_matmul_act(kvcl_ctx *c, const char *label) {
+    static const struct {
+        int type, T, act;
+        int64_t cols, n;
+    } cases[] = {
+        {KV_TYPE_Q4_1, 1, KV_ACT_SILU, 576, 1536},     {KV_TYPE_Q8_0, 1, KV_ACT_GELU_TANH, 640, 2048},
+        {KV_TYPE_Q4_0, 1, KV_ACT_SILU, 96, 72},        {KV_TYPE_Q5_0, 3, KV_ACT_GELU_TANH, 256, 320},
+        {KV_TYPE_F16, 1, KV_ACT_SILU, 64, 96},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int type = cases[ci].type, T = cases[ci].T, act = cases[ci].act;
+        const int64_t cols = cases[ci].cols, n = cases[ci].n;
+        uint8_t *gb, *ub, *db;
+        float *gd, *ud, *dd;
+        random_weight(type, n, cols, &gb, &gd);
+        random_weight(type, n, cols, &ub, &ud);
+        random_weight(KV_TYPE_Q4_1, 24, n % 32 ? 32 : n, &db, &dd); /* the down product */
+        kvcl_weight wg, wu, wd;
+        kv_status st = kvcl_weight_upload(c, type, n, cols, gb, &wg, &g_err);
+        if (st == KV_OK) st = kvcl_weight_upload(c, type, n, cols, ub, &wu, &g_err);
+        const bool have_down = n % 32 == 0;
+        if (st == KV_OK && have_down) st = kvcl_weight_upload(c, KV_TYPE_Q4_1, 24, n, db, &wd, &g_err);
+        float *x = xmalloc(sizeof(float) * T * cols);
+        for (int64_t i = 0; i < T * cols; i++) x[i] = frand() * 2;
+        kvcl_buf *xb = dev_floats(c, x, T * cols), *g1 = dev_buf(c, NULL, sizeof(float) * (T * n + 1));
+        kvcl_buf *u1 = dev_buf(c, NULL, sizeof(float) * T * n), *g2 = dev_buf(c, NULL, sizeof(float) * T * n);
+        kvcl_buf *u2 = dev_buf(c, NULL, sizeof(float) * T * n);
+        kvcl_buf *d1 = dev_buf(c, NULL, sizeof(float) * T * 24), *d2 = dev_buf(c, NULL, sizeof(float) * T * 24);
+        float *a = xmalloc(sizeof(float) * T * n), *b = xmalloc(sizeof(float) * T * n);
+        float *da = xmalloc(sizeof(float) * T * 24), *dbf = xmalloc(sizeof(float) * T * 24);
+        if (st == KV_OK) st = kvcl_matmul_act(c, &wg, &wu, kvcl_at(xb, 0), T, kvcl_at(g1, 1), kvcl_at(u1, 0), act, &g_err);
+        if (st == KV_OK && have_down) st = kvcl_matmul(c, &wd, NULL, kvcl_at(g1, 1), T, kvcl_at(d1, 0), 24, &g_err);
+        const kvcl_weight *w2[2] = {&wg, &wu};
+        kvcl_buf *bias[2] = {NULL, NULL};
+        const kvcl_view y2[2] = {kvcl_at(g2, 0), kvcl_at(u2, 0)};
+        if (st == KV_OK) st = kvcl_matmul_n(c, 2, w2, bias, kvcl_at(xb, 0), T, y2, &g_err);
+        if (st == KV_OK) st = kvcl_ffn_act(c, kvcl_at(g2, 0), kvcl_at(u2, 0), T, n, act, &g_err);
+        if (st == KV_OK && have_down) { /* g2 from the host: the down product quantizes it */
+            get_floats(c, g2, 0, b, T * n);
+            st = kvcl_write(c, g2, 0, b, sizeof(float) * T * n, &g_err);
+            if (st == KV_OK) st = kvcl_matmul(c, &wd, NULL, kvcl_at(g2, 0), T, kvcl_at(d2, 0), 24, &g_err);
+        }
+        int differ = 0;
+        if (st == KV_OK) {
+            get_floats(c, g1, 1, a, T * n), get_floats(c, g2, 0, b, T * n);
+            differ += (int)(T * n) - count_exact(a, b, T * n);
+            if (have_down) {
+                get_floats(c, d1, 0, da, T * 24), get_floats(c, d2, 0, dbf, T * 24);
+                differ += T * 24 - count_exact(da, dbf, T * 24);
+            }
+        }
+        char name[200];
+        snprintf(name, sizeof name, "matmul_act %s%s %s (%lld x %lld, T %d): the bits of matmul_n, ffn_act%s", label,
+                 tname(type), act == KV_ACT_SILU ? "silu" : "gelu", (long long)n, (long long)cols, T,
+                 have_down ? " and the down product" : "");
+        report(st == KV_OK && differ == 0, name, "%s; %d values differ", st ? g_err.msg : "", differ);
+        kvcl_weight_free(&wg), kvcl_weight_free(&wu);
+        if (have_down) kvcl_weight_free(&wd);
+        kvcl_buf_free(xb), kvcl_buf_free(g1), kvcl_buf_free(u1), kvcl_buf_free(g2), kvcl_buf_free(u2);
+        kvcl_buf_free(d1), kvcl_buf_free(d2);
+        free(gb), free(ub), free(db), free(gd), free(ud), free(dd), free(x), free(a), free(b), free(da), free(dbf);
+    }
+}
+
 /* ==== main ======================================================================= */
 
 int main(void) {
@@ -1357,6 +1424,8 @@ int main(void) {
     test_records(split, "split, ");
     test_matmul_add_rmsnorm(g_c, "");
     test_matmul_add_rmsnorm(split, "split ");
+    test_matmul_act(g_c, "");
+    test_matmul_act(split, "split ");
     kvcl_options nod = {.cache_dir = g_cache, .no_fp64 = true};
     kvcl_ctx *cn = open_ctx(&nod); /* rmsnorm's float sums, with the integer kernels where they exist */
     test_rmsnorm(cn, " (no fp64, integer kernels)", 8);

@@ -210,7 +210,7 @@ kernel void add_bias(global float *y, ulong yoff, int ldy, int rows, global cons
     if (r < rows) y[yoff + (ulong)t * ldy + r] += bias[r];
 }
 
-KV_INL float gelu_tanh(float x) {
+KV_INL float16 gelu_tanh16(float16 x) {
     const float k0 = 0.79788456080286535587989211986876f, k1 = 0.044715f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanh(k0 * x * (1.0f + k1 * x * x)));
 }
@@ -218,28 +218,46 @@ KV_INL float gelu_tanh(float x) {
 #define ACT_SILU 0
 #define ACT_GELU_TANH 1
 
+/* act(g) * u, 16 lanes computed alike (vector exp and tanh: an element
+ * gets the same bits whichever 16 it is computed with). GELU: the input
+ * rounded to f16, the result rounded to f16, identity from 10 up and zero
+ * from -10 down (the CPU's table). */
+KV_INL float16 act16(float16 g, float16 u, int act) {
+    float16 y;
+    if (act == ACT_GELU_TANH) {
+        const float16 t = round_f16x16(gelu_tanh16(round_f16x16(g)));
+        y = select(select(t, g, g >= 10.0f), (float16)0.0f, g <= -10.0f);
+    } else {
+        y = g / (1.0f + exp(-g));
+    }
+    return y * u;
+}
+
+/* g[i] = act(g[i]) * u[i] for i < n <= 16 */
+KV_INL void act_span(global float *g, const global float *u, int n, int act) {
+    if (n == 16) {
+        vstore16(act16(vload16(0, g), vload16(0, u), act), 0, g);
+        return;
+    }
+    float a[16], b[16];
+    for (int i = 0; i < 16; i++) a[i] = i < n ? g[i] : 0.0f, b[i] = i < n ? u[i] : 0.0f;
+    vstore16(act16(vload16(0, a), vload16(0, b), act), 0, a);
+    for (int i = 0; i < n; i++) g[i] = a[i];
+}
+
 #define ACT_GROUP 64 /* work-group size of ffn_act (the host launches with it) */
 
-/* gate(n) = act(gate) * up(n). GELU: the input rounded to f16, the result
- * rounded to f16, identity above 10 and zero below -10 (the CPU's table). */
+/* gate(n) = act(gate) * up(n), item i taking elements [16 i, 16 i + 16).
+ * With xr (not NULL; cols a multiple of 32, so a group's 1024 elements
+ * are whole blocks of rows): their records, from what the group stored. */
 kernel void ffn_act(global float *gate, ulong goff, global const float *up, ulong uoff, long n, int act,
                     global char *xr, int cols, int nbx) {
-    const long i = get_global_id(0);
-    if (i < n) {
-        const float g = gate[goff + i];
-        float y;
-        if (act == ACT_GELU_TANH)
-            y = g <= -10.0f ? 0.0f : g >= 10.0f ? g : round_f16(gelu_tanh(round_f16(g)));
-        else
-            y = g / (1.0f + exp(-g));
-        gate[goff + i] = y * up[uoff + i];
-    }
-    /* with xr (not NULL; cols a multiple of 32, so a group's 64 elements
-     * are whole blocks of a row): their records, from what the group stored */
+    const long i0 = get_global_id(0) * 16;
+    if (i0 < n) act_span(gate + goff + i0, up + uoff + i0, (int)min(n - i0, 16L), act);
     barrier(CLK_GLOBAL_MEM_FENCE);
     const int lid = get_local_id(0);
-    const long blk = (long)get_group_id(0) * (ACT_GROUP / 32) + lid; /* of gate(T, cols) */
-    if (!xr || lid >= ACT_GROUP / 32 || blk * 32 >= n) return;
+    const long blk = (long)get_group_id(0) * (ACT_GROUP / 2) + lid; /* of gate(T, cols) */
+    if (!xr || lid >= ACT_GROUP / 2 || blk * 32 >= n) return;
     const long t = blk / (cols / 32);
     const global float *v = gate + goff + blk * 32;
     rec_block(vload16(0, v), vload16(1, v), xr + t * nbx * I8_RECORD, nbx, (int)(blk - t * (cols / 32)));

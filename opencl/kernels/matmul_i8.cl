@@ -233,6 +233,30 @@ KV_INL void gemv_i8_norm(const int type, GEMV_I8_PARAMS, global float *res, ulon
 #endif
 }
 
+/* For one token: g = W0 x, u = W1 x (n rows each), then g = act(g) * u
+ * as ffn_act computes it (act_span over the same spans of 16), with g's
+ * record (yr not NULL, n a multiple of 32): what gemv3_i8 of the two, then
+ * ffn_act, do. Work-groups of 64 items: group k's first 32 take rows
+ * 32 k .. 32 k + 31 of W0, the others the same rows of W1 (u is written
+ * too: the product's value). */
+KV_INL void gemv_act_i8(const int type, global const uchar *W0, global const uchar *W1, ulong row_bytes, int n,
+                        int cols, I8_PARAMS, global float *g, ulong goff, global float *u, ulong uoff, int act,
+                        global char *yr, int ynbx) {
+#if KV_INT_DOT
+    const int lid = get_local_id(0), r0 = get_group_id(0) * 32, r = r0 + lid % 32;
+    global float *gr = g + goff, *ur = u + uoff;
+    if (r < n) {
+        const float s = row_dot_i8(type, (lid < 32 ? W0 : W1) + r * row_bytes, cols / 32, I8_Q(0), I8_D(0), I8_S(0));
+        if (lid < 32) gr[r] = s;
+        else ur[r] = s;
+    }
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    if (lid % 16 == 0 && lid < 32 && r < n) act_span(gr + r, ur + r, min(n - r, 16), act);
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    if (yr && lid == 0 && r < n) rec_block(vload16(0, gr + r), vload16(1, gr + r), yr, ynbx, r / 32);
+#endif
+}
+
 /* item r: gemv3's split of rows over up to three weights */
 #define GEMV3_I8_PARAMS                                                                                         \
     global const uchar *W0, global const uchar *W1, global const uchar *W2, ulong row_bytes, int n0, int n1,     \
@@ -296,6 +320,11 @@ KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
                  b0, b1, b2);                                                                                  \
     }                                                                                                          \
     kernel void tiled_i8_##name(GEMV_I8_PARAMS, int T) { tiled_i8(TYPE, GEMV_I8_ARGS, T); }                    \
+    kernel void gemv_act_i8_##name(global const uchar *W0, global const uchar *W1, ulong row_bytes, int n,     \
+                                   int cols, I8_PARAMS, global float *g, ulong goff, global float *u,          \
+                                   ulong uoff, int act, global char *yr, int ynbx) {                           \
+        gemv_act_i8(TYPE, W0, W1, row_bytes, n, cols, xr, nbx, g, goff, u, uoff, act, yr, ynbx);                \
+    }                                                                                                          \
     kernel void gemv_i8_norm_##name(GEMV_I8_PARAMS, global float *res, ulong roff, global const float *nw,     \
                                     float eps, global char *yr, int ynbx, global int *count) {                 \
         local int last; /* whether this group finished last */                                                 \
