@@ -111,6 +111,12 @@ struct kv_backend {
      * those and all_finite. */
     bool (*rope_qk)(kv_backend *b, float *q, float *k, int64_t T, int n_head, int n_kv, int head_dim,
                     const int32_t *pos, const kv_rope_params *rp, float q_scale);
+    /* Optional: rope_qk, then kv_store of k and v(T, n_kv, head_dim_v) into
+     * the cache at pos0 .. pos0 + T - 1 (one session's rows); the values
+     * and the answer of those two. NULL: forward.c calls them. */
+    bool (*rope_qk_store)(kv_backend *b, float *q, float *k, const float *v, int64_t T, int n_head, int n_kv,
+                          int head_dim, const int32_t *pos, const kv_rope_params *rp, float q_scale, kv_kvcache *c,
+                          int layer, int pos0);
     /* y(n) += x(n). */
     void (*add)(kv_backend *b, float *y, const float *x, int64_t n);
     /* x(n) *= s. */

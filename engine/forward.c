@@ -101,7 +101,12 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
             (float *[]){s->q, s->k, s->v}, s->mm_scratch);
     if (L->q_norm) be->rmsnorm(be, s->q, s->q, L->q_norm, (int64_t)T * n_head, hd, m->eps);
     if (L->k_norm) be->rmsnorm(be, s->k, s->k, L->k_norm, (int64_t)T * n_kv, hd, m->eps);
-    if (!rope_qk(be, s->q, s->k, T, n_head, n_kv, hd, s->pos_buf, &L->rope, m->q_scale))
+    /* one session's pages of float rows: rope and the store in one call where the backend has it */
+    const bool store_rope = n_seqs == 1 && be->rope_qk_store && !kv_type_rotated(kv_kvcache_ktype(seqs[0]->kv, il)) &&
+                            !kv_type_rotated(kv_kvcache_vtype(seqs[0]->kv, il));
+    if (store_rope ? !be->rope_qk_store(be, s->q, s->k, s->v, T, n_head, n_kv, hd, s->pos_buf, &L->rope, m->q_scale,
+                                        seqs[0]->kv, il, seqs[0]->pos)
+                   : !rope_qk(be, s->q, s->k, T, n_head, n_kv, hd, s->pos_buf, &L->rope, m->q_scale))
         return false; /* a NaN score would be masked, not propagated */
     kv_attn_params ap = {
         .layer = il, .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .head_dim_v = hdv,
@@ -122,7 +127,7 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
         }
         const bool rot_v = kv_type_rotated(kv_kvcache_vtype(q->kv, il));
         if (rot_v) be->hadamard(be, vb, (int64_t)nt * n_kv, hdv);
-        be->kv_store(be, q->kv, il, q->pos, nt, kb, vb);
+        if (!store_rope) be->kv_store(be, q->kv, il, q->pos, nt, kb, vb);
         if (batched) {
             batch_kv[b] = q->kv; /* positions: pos_buf */
             continue;

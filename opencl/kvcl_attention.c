@@ -30,8 +30,7 @@ size_t kvcl_kv_row_bytes(int type, int n) {
     return 0;
 }
 
-/* the page table arguments, and checks that the buffers hold the pages */
-static kv_status pages_check(const kvcl_pages *pg, int64_t end, const char *what, kv_error *e) {
+kv_status kvcl_pages_check(const kvcl_pages *pg, int64_t end, const char *what, kv_error *e) {
     if (pg->pt <= 0 || (pg->pt & (pg->pt - 1)) || pg->max_pages <= 0)
         return kv_fail(e, KV_ERR_ARG, "%s: pages of %d tokens, %d pages", what, pg->pt, pg->max_pages);
     const size_t kr = kvcl_kv_row_bytes(pg->ktype, pg->head_dim), vr = kvcl_kv_row_bytes(pg->vtype, pg->head_dim_v);
@@ -53,7 +52,7 @@ static int log2i(int v) {
     return l;
 }
 
-static void page_args(kvcl_launch *L, const kvcl_pages *pg) {
+void kvcl_page_args(kvcl_launch *L, const kvcl_pages *pg) {
     kvcl_arg_mem(L, pg->tab->parts[0]), kvcl_arg_int(L, log2i(pg->pt)), kvcl_arg_int(L, pg->max_pages);
 }
 
@@ -61,12 +60,12 @@ kv_status kvcl_kv_store(kvcl_ctx *c, const kvcl_pages *pg, int pos0, int64_t T, 
                         kv_error *e) {
     cl_mem km, vm;
     if (T <= 0 || pos0 < 0) return kv_fail(e, KV_ERR_ARG, "kv_store: %lld tokens at %d", (long long)T, pos0);
-    if (pages_check(pg, pos0 + T, "kv_store", e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_pages_check(pg, pos0 + T, "kv_store", e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(k, (size_t)T * pg->n_head_kv * pg->head_dim, "kv_store k", &km, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(v, (size_t)T * pg->n_head_kv * pg->head_dim_v, "kv_store v", &vm, e) != KV_OK) return KV_ERR_ARG;
     kvcl_launch L = kvcl_launch_begin(c, c->kv_store);
     kvcl_arg_mem(&L, pg->k->parts[0]), kvcl_arg_mem(&L, pg->v->parts[0]);
-    page_args(&L, pg);
+    kvcl_page_args(&L, pg);
     kvcl_arg_int(&L, pg->ktype), kvcl_arg_int(&L, pg->vtype);
     kvcl_arg_int(&L, (int)kvcl_kv_row_bytes(pg->ktype, pg->head_dim));
     kvcl_arg_int(&L, (int)kvcl_kv_row_bytes(pg->vtype, pg->head_dim_v));
@@ -126,7 +125,7 @@ kv_status kvcl_attention(kvcl_ctx *c, const kvcl_pages *pg, const kv_attn_params
     if (ap->head_dim > ATT_HD_MAX || ap->head_dim_v > ATT_HD_MAX)
         return kv_fail(e, KV_ERR_UNSUPPORTED, "attention: head sizes %d/%d (at most %d)", ap->head_dim,
                        ap->head_dim_v, ATT_HD_MAX);
-    if (pages_check(pg, pos0 + T, "attention", e) != KV_OK) return KV_ERR_ARG;
+    if (kvcl_pages_check(pg, pos0 + T, "attention", e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(q, (size_t)T * ap->n_head * ap->head_dim, "attention q", &qm, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(out, (size_t)T * ap->n_head * ap->head_dim_v, "attention out", &om, e) != KV_OK)
         return KV_ERR_ARG;
@@ -147,7 +146,7 @@ kv_status kvcl_attention(kvcl_ctx *c, const kvcl_pages *pg, const kv_attn_params
     kvcl_launch L = kvcl_launch_begin(c, row ? c->attention_row : c->attention);
     kvcl_arg_mem(&L, qm), kvcl_arg_ulong(&L, q.off);
     kvcl_arg_mem(&L, pg->k->parts[0]), kvcl_arg_mem(&L, pg->v->parts[0]);
-    page_args(&L, pg);
+    kvcl_page_args(&L, pg);
     kvcl_arg_int(&L, pg->ktype), kvcl_arg_int(&L, pg->vtype);
     kvcl_arg_int(&L, (int)kvcl_kv_row_bytes(pg->ktype, pg->head_dim));
     kvcl_arg_int(&L, (int)kvcl_kv_row_bytes(pg->vtype, pg->head_dim_v));

@@ -369,6 +369,38 @@ static bool cl_rope_qk(kv_backend *b, float *q, float *k, int64_t T, int n_head,
     return true; /* answered by status at the end of the pass */
 }
 
+static bool layer_pages(cl_state *S, kv_kvcache *kv, int layer, kvcl_pages *pg);
+
+static bool cl_rope_qk_store(kv_backend *b, float *q, float *k, const float *v, int64_t T, int n_head, int n_kv,
+                             int head_dim, const int32_t *pos, const kv_rope_params *rp, float q_scale,
+                             kv_kvcache *c, int layer, int pos0) {
+    cl_state *S = b->ctx;
+    kvcl_view qv, kv, vv;
+    kvcl_pages pg;
+    bool ok = true;
+    if (failed(S) || !dev_view(S, q, &qv) || !dev_view(S, k, &kv) || !dev_view(S, v, &vv)) return true;
+    kvcl_buf *ff = vec_of(S, rp->freq_factors, &ok);
+    if (!ok || !layer_pages(S, c, layer, &pg)) return true; /* the session reports the kept error */
+    if (T > KV_CHUNK) {
+        keep_msg(S, "rope over more tokens than a chunk");
+        return true;
+    }
+    kv_error e;
+    kv_status st = upload_pos(S, pos, T, &e);
+    if (!st && !S->checks) st = kvcl_finite_reset(S->c, &e);
+    S->checks = true;
+    const bool floats = (pg.ktype == KV_TYPE_F16 || pg.ktype == KV_TYPE_F32) &&
+                        (pg.vtype == KV_TYPE_F16 || pg.vtype == KV_TYPE_F32);
+    if (!st && floats) {
+        st = kvcl_rope_qk_store(S->c, qv, kv, vv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &pg, pos0, &e);
+    } else if (!st) { /* quantized rows: rope, then kv_store's encoders */
+        st = kvcl_rope_qk(S->c, qv, kv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &e);
+        if (!st) st = kvcl_kv_store(S->c, &pg, pos0, T, kv, vv, &e);
+    }
+    keep(S, st, &e);
+    return true; /* answered by status at the end of the pass */
+}
+
 static void cl_add(kv_backend *b, float *y, const float *x, int64_t n) {
     cl_state *S = b->ctx;
     kvcl_view yv, xv;
@@ -740,7 +772,7 @@ kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e
     *b = (kv_backend){
         .name = "opencl", .ctx = S,
         .alloc = cl_alloc, .free = cl_free, .matmul_scratch = cl_zero_scratch, .matmul = cl_matmul,
-        .matmul_n = cl_matmul_n, .rope_qk = cl_rope_qk,
+        .matmul_n = cl_matmul_n, .rope_qk = cl_rope_qk, .rope_qk_store = cl_rope_qk_store,
         .rmsnorm = cl_rmsnorm, .add_rmsnorm = cl_add_rmsnorm, .matmul_add_rmsnorm = cl_matmul_add_rmsnorm,
         .matmul_act = cl_matmul_act, .rope = cl_rope, .add = cl_add, .scale = cl_scale, .hadamard = cl_hadamard, .ffn_act = cl_ffn_act,
         .softcap = cl_softcap, .embed = cl_embed, .kv_store = cl_kv_store, .attention = cl_attention,

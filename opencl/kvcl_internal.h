@@ -148,6 +148,10 @@ kv_status kvcl_launch_run(kvcl_launch *L, int dims, const size_t *global, const 
 
 static inline size_t kvcl_round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
+/* The page table arguments of a layer's pages (KV_PAGE_PARAMS in blocks.cl). kvcl_attention.c */
+struct kvcl_pages_s;
+void kvcl_page_args(kvcl_launch *L, const struct kvcl_pages_s *pg);
+
 /* items of deq_<type> along a row: its blocks (deq_block in blocks.cl: 256
  * elements for the K-quants, 32 otherwise) and a float row's tail */
 static inline size_t kvcl_deq_items(int type, int64_t cols) {

@@ -82,15 +82,25 @@ kv_status kvcl_rope(kvcl_ctx *c, kvcl_view x, int64_t T, int n_head, int head_di
     return kvcl_launch_run(&L, 2, g, l, "rope", e);
 }
 
-kv_status kvcl_rope_qk(kvcl_ctx *c, kvcl_view q, kvcl_view k, int64_t T, int n_head, int n_kv, int head_dim,
-                       kvcl_buf *pos, const kv_rope_params *rp, kvcl_buf *factors, float q_scale, kv_error *e) {
-    cl_mem qm, km, pm, fm;
+/* rope_qk, and with pg the rows into the pages */
+static kv_status rope_qk_run(kvcl_ctx *c, kvcl_view q, kvcl_view k, const kvcl_view *v, int64_t T, int n_head,
+                             int n_kv, int head_dim, kvcl_buf *pos, const kv_rope_params *rp, kvcl_buf *factors,
+                             float q_scale, const kvcl_pages *pg, int pos0, kv_error *e) {
+    cl_mem qm, km, vm = NULL, pm, fm;
     float theta_scale;
     if (n_kv <= 0 || head_dim % 2) /* items take pairs of the unrotated elements too */
         return kv_fail(e, KV_ERR_ARG, "rope: %d key heads, head_dim %d", n_kv, head_dim);
     if (rope_args(T, n_head, head_dim, rp, pos, factors, &pm, &fm, &theta_scale, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(q, (size_t)T * n_head * head_dim, "rope q", &qm, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(k, (size_t)T * n_kv * head_dim, "rope k", &km, e) != KV_OK) return KV_ERR_ARG;
+    if (pg) {
+        if ((pg->ktype != KV_TYPE_F16 && pg->ktype != KV_TYPE_F32) || (pg->vtype != KV_TYPE_F16 && pg->vtype != KV_TYPE_F32))
+            return kv_fail(e, KV_ERR_UNSUPPORTED, "rope_qk_store: pages of F16 or F32 only");
+        if (pos0 < 0 || pg->n_head_kv != n_kv || pg->head_dim != head_dim)
+            return kv_fail(e, KV_ERR_ARG, "rope_qk_store: the pages do not match (position %d)", pos0);
+        if (kvcl_pages_check(pg, pos0 + T, "rope_qk_store", e) != KV_OK) return KV_ERR_ARG;
+        if (kvcl_view_mem(*v, (size_t)T * n_kv * pg->head_dim_v, "rope_qk_store v", &vm, e) != KV_OK) return KV_ERR_ARG;
+    }
     if (kvcl_check(c, e) != KV_OK) return c->failed;
     kvcl_launch L = kvcl_launch_begin(c, c->rope_qk);
     kvcl_arg_mem(&L, qm), kvcl_arg_ulong(&L, q.off), kvcl_arg_mem(&L, km), kvcl_arg_ulong(&L, k.off);
@@ -98,8 +108,31 @@ kv_status kvcl_rope_qk(kvcl_ctx *c, kvcl_view q, kvcl_view k, int64_t T, int n_h
     kvcl_arg_int(&L, rp->n_rot), kvcl_arg_int(&L, rp->mode == KV_ROPE_NEOX), kvcl_arg_float(&L, theta_scale);
     kvcl_arg_float(&L, rp->freq_scale), kvcl_arg_mem(&L, fm), kvcl_arg_float(&L, q_scale);
     kvcl_arg_mem(&L, c->flag);
+    if (pg) {
+        kvcl_arg_mem(&L, pg->k->parts[0]), kvcl_arg_mem(&L, pg->v->parts[0]);
+        kvcl_page_args(&L, pg);
+        kvcl_arg_int(&L, pg->ktype), kvcl_arg_int(&L, pg->vtype);
+        kvcl_arg_int(&L, (int)kvcl_kv_row_bytes(pg->ktype, pg->head_dim));
+        kvcl_arg_int(&L, (int)kvcl_kv_row_bytes(pg->vtype, pg->head_dim_v));
+        kvcl_arg_mem(&L, vm), kvcl_arg_ulong(&L, v->off), kvcl_arg_int(&L, pg->head_dim_v), kvcl_arg_int(&L, pos0);
+    } else {
+        kvcl_arg_mem(&L, NULL), kvcl_arg_mem(&L, NULL), kvcl_arg_mem(&L, NULL), kvcl_arg_int(&L, 0);
+        kvcl_arg_int(&L, 0), kvcl_arg_int(&L, 0), kvcl_arg_int(&L, 0), kvcl_arg_int(&L, 0), kvcl_arg_int(&L, 0);
+        kvcl_arg_mem(&L, NULL), kvcl_arg_ulong(&L, 0), kvcl_arg_int(&L, 0), kvcl_arg_int(&L, 0);
+    }
     size_t g[2] = {kvcl_round_up((size_t)head_dim / 2, 16), (size_t)T}, l[2] = {16, 1};
     return kvcl_launch_run(&L, 2, g, l, "rope", e);
+}
+
+kv_status kvcl_rope_qk(kvcl_ctx *c, kvcl_view q, kvcl_view k, int64_t T, int n_head, int n_kv, int head_dim,
+                       kvcl_buf *pos, const kv_rope_params *rp, kvcl_buf *factors, float q_scale, kv_error *e) {
+    return rope_qk_run(c, q, k, NULL, T, n_head, n_kv, head_dim, pos, rp, factors, q_scale, NULL, 0, e);
+}
+
+kv_status kvcl_rope_qk_store(kvcl_ctx *c, kvcl_view q, kvcl_view k, kvcl_view v, int64_t T, int n_head, int n_kv,
+                             int head_dim, kvcl_buf *pos, const kv_rope_params *rp, kvcl_buf *factors, float q_scale,
+                             const kvcl_pages *pg, int pos0, kv_error *e) {
+    return rope_qk_run(c, q, k, &v, T, n_head, n_kv, head_dim, pos, rp, factors, q_scale, pg, pos0, e);
 }
 
 kv_status kvcl_add(kvcl_ctx *c, kvcl_view y, kvcl_view x, int64_t n, kv_error *e) {

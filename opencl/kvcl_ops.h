@@ -98,6 +98,14 @@ kv_status kvcl_rope(kvcl_ctx *c, kvcl_view x, int64_t T, int n_head, int head_di
  * finite checks, the same values. */
 kv_status kvcl_rope_qk(kvcl_ctx *c, kvcl_view q, kvcl_view k, int64_t T, int n_head, int n_kv, int head_dim,
                        kvcl_buf *pos, const kv_rope_params *rp, kvcl_buf *factors, float q_scale, kv_error *e);
+/* kvcl_rope_qk, then the rotated k and v(T, n_kv, head_dim_v) into the
+ * pages at positions pos0 .. pos0 + T - 1 (F16 or F32 pages; else
+ * KV_ERR_UNSUPPORTED, nothing queued): kvcl_kv_store's rows, in the
+ * same launch. */
+struct kvcl_pages_s;
+kv_status kvcl_rope_qk_store(kvcl_ctx *c, kvcl_view q, kvcl_view k, kvcl_view v, int64_t T, int n_head, int n_kv,
+                             int head_dim, kvcl_buf *pos, const kv_rope_params *rp, kvcl_buf *factors, float q_scale,
+                             const struct kvcl_pages_s *pg, int pos0, kv_error *e);
 kv_status kvcl_add(kvcl_ctx *c, kvcl_view y, kvcl_view x, int64_t n, kv_error *e);   /* y += x */
 kv_status kvcl_scale(kvcl_ctx *c, kvcl_view x, int64_t n, float s, kv_error *e);     /* x *= s */
 kv_status kvcl_softcap(kvcl_ctx *c, kvcl_view x, int64_t n, float cap, kv_error *e); /* cap tanh(x / cap) */
@@ -120,7 +128,7 @@ kv_status kvcl_embed(kvcl_ctx *c, const kvcl_weight *emb, kvcl_buf *ids, int64_t
 
 /* ---- K/V pages and attention ---- */
 
-typedef struct {
+typedef struct kvcl_pages_s {
     kvcl_buf *k, *v;   /* one layer's K and V rows */
     kvcl_buf *tab;     /* int32 page ids: tab[pos / pt] */
     int pt;            /* tokens per page, a power of two */
@@ -128,6 +136,9 @@ typedef struct {
     int ktype, vtype;  /* KV_TYPE_F16, F32 or Q8_0 */
     int n_head_kv, head_dim, head_dim_v;
 } kvcl_pages;
+
+/* Checks that the pages hold positions below end (types, sizes, table). */
+kv_status kvcl_pages_check(const kvcl_pages *pg, int64_t end, const char *what, kv_error *e);
 
 /* Bytes of one stored row (0: type unusable for K/V with n; n must be a
  * multiple of 16, of 32 for Q8_0). */

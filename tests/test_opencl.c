@@ -1362,6 +1362,71 @@ static void test_matmul_act(kvcl_ctx *c, const char *label) {
     }
 }
 
+/* kvcl_rope_qk_store: the q and k of kvcl_rope_qk and the page bytes of
+ * kvcl_kv_store after it, in one launch (F16 and F32 pages); quantized
+ * pages: KV_ERR_UNSUPPORTED */
+static void test_rope_qk_store(kvcl_ctx *c) {
+    for (int ci = 0; ci < 6; ci++) {
+        const int hd = ci % 3 == 2 ? 256 : ci % 2 ? 128 : 64, hdv = ci == 4 ? hd / 2 : ci == 5 ? 2 * hd : hd;
+        const int n_head = 2 + irand(7), n_kv = 1 + irand(3), T = ci < 2 ? 1 : 1 + irand(20), pos0 = irand(200);
+        const int kt = ci % 2 ? KV_TYPE_F32 : KV_TYPE_F16, vt = ci == 3 ? KV_TYPE_F32 : KV_TYPE_F16;
+        kv_rope_params rp = {ci % 2 ? KV_ROPE_NEOX : KV_ROPE_NORM, ci == 3 ? hd / 2 : hd, 10000.0f, 1.0f, NULL};
+        const float q_scale = ci % 3 == 1 ? 0.0625f : 1.0f;
+        const int64_t nq = (int64_t)T * n_head * hd, nk = (int64_t)T * n_kv * hd, nv = (int64_t)T * n_kv * hdv;
+        int32_t *pos = xmalloc(sizeof(int32_t) * T);
+        float *q = xmalloc(sizeof(float) * nq), *k = xmalloc(sizeof(float) * nk), *v = xmalloc(sizeof(float) * nv);
+        for (int t = 0; t < T; t++) pos[t] = pos0 + t;
+        for (int64_t i = 0; i < nq; i++) q[i] = frand();
+        for (int64_t i = 0; i < nk; i++) k[i] = frand();
+        for (int64_t i = 0; i < nv; i++) v[i] = frand();
+        test_pages pa, pb;
+        pages_make(c, &pa, pos0 + T, 16, n_kv, hd, hdv, kt, vt);
+        pages_make(c, &pb, pos0 + T, 16, n_kv, hd, hdv, kt, vt);
+        kvcl_write(c, pb.pg.tab, 0, pa.tab, sizeof(int32_t) * pa.pg.max_pages, &g_err); /* the same table */
+        kvcl_buf *posb = dev_buf(c, pos, sizeof(int32_t) * T), *vb = dev_floats(c, v, nv);
+        kvcl_buf *qa = dev_floats(c, q, nq), *ka = dev_floats(c, k, nk), *qb = dev_floats(c, q, nq), *kb = dev_floats(c, k, nk);
+        kv_status st = kvcl_rope_qk(c, kvcl_at(qa, 0), kvcl_at(ka, 0), T, n_head, n_kv, hd, posb, &rp, NULL, q_scale, &g_err);
+        if (st == KV_OK) st = kvcl_kv_store(c, &pa.pg, pos0, T, kvcl_at(ka, 0), kvcl_at(vb, 0), &g_err);
+        if (st == KV_OK)
+            st = kvcl_rope_qk_store(c, kvcl_at(qb, 0), kvcl_at(kb, 0), kvcl_at(vb, 0), T, n_head, n_kv, hd, posb, &rp,
+                                    NULL, q_scale, &pb.pg, pos0, &g_err);
+        int differ = 0;
+        float *fa = xmalloc(sizeof(float) * nq), *fb = xmalloc(sizeof(float) * nq);
+        uint8_t *ba = xmalloc(pa.kbytes > pa.vbytes ? pa.kbytes : pa.vbytes), *bb = xmalloc(pa.kbytes > pa.vbytes ? pa.kbytes : pa.vbytes);
+        if (st == KV_OK) {
+            get_floats(c, qa, 0, fa, nq), get_floats(c, qb, 0, fb, nq);
+            differ += (int)nq - count_exact(fa, fb, nq);
+            get_floats(c, ka, 0, fa, nk), get_floats(c, kb, 0, fb, nk);
+            differ += (int)nk - count_exact(fa, fb, nk);
+            kvcl_read(c, pa.pg.k, 0, ba, pa.kbytes, &g_err), kvcl_read(c, pb.pg.k, 0, bb, pa.kbytes, &g_err);
+            differ += memcmp(ba, bb, pa.kbytes) != 0;
+            kvcl_read(c, pa.pg.v, 0, ba, pa.vbytes, &g_err), kvcl_read(c, pb.pg.v, 0, bb, pa.vbytes, &g_err);
+            differ += memcmp(ba, bb, pa.vbytes) != 0;
+        }
+        char name[200];
+        snprintf(name, sizeof name, "rope_qk_store %s hd %d/%d %s/%s heads %d/%d T %d at %d: the bits of rope_qk, then kv_store",
+                 rp.mode == KV_ROPE_NEOX ? "neox" : "norm", hd, hdv, tname(kt), tname(vt), n_head, n_kv, T, pos0);
+        report(st == KV_OK && differ == 0, name, "%s; %d differ", st ? g_err.msg : "", differ);
+        pages_free(&pa), pages_free(&pb);
+        kvcl_buf_free(posb), kvcl_buf_free(vb), kvcl_buf_free(qa), kvcl_buf_free(ka), kvcl_buf_free(qb), kvcl_buf_free(kb);
+        free(pos), free(q), free(k), free(v), free(fa), free(fb), free(ba), free(bb);
+    }
+    /* quantized pages: refused before anything is queued */
+    test_pages pq;
+    pages_make(c, &pq, 8, 16, 1, 64, 64, KV_TYPE_Q8_0, KV_TYPE_F16);
+    float z[64] = {0};
+    int32_t p0 = 0;
+    kvcl_buf *pb = dev_buf(c, &p0, sizeof p0), *zb = dev_floats(c, z, 64), *zq = dev_floats(c, z, 64);
+    kvcl_buf *zv = dev_floats(c, z, 64);
+    kv_rope_params rp = {KV_ROPE_NORM, 64, 10000.0f, 1.0f, NULL};
+    kv_status st = kvcl_rope_qk_store(c, kvcl_at(zq, 0), kvcl_at(zb, 0), kvcl_at(zv, 0), 1, 1, 1, 64, pb, &rp, NULL, 1.0f,
+                                      &pq.pg, 0, &g_err);
+    report(st == KV_ERR_UNSUPPORTED && kvcl_ctx_status(c, &g_err) == KV_OK, "rope_qk_store on Q8_0 pages: refused, the context still usable",
+           "status %d", (int)st);
+    pages_free(&pq);
+    kvcl_buf_free(pb), kvcl_buf_free(zb), kvcl_buf_free(zq), kvcl_buf_free(zv);
+}
+
 /* ==== main ======================================================================= */
 
 int main(void) {
@@ -1416,6 +1481,7 @@ int main(void) {
     test_add_rmsnorm(g_c);
     test_rope(g_c);
     test_rope_qk(g_c);
+    test_rope_qk_store(g_c);
     test_pointwise(g_c);
     test_all_finite(g_c);
     test_hadamard(g_c);

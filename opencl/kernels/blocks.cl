@@ -121,6 +121,22 @@ KV_INL void rec_zero(global char *rec, int nbx, int b) {
     ((global float *)(rec + 48 * nbx))[b] = 0.0f;
 }
 
+/* ---- K/V pages (kvstore.cl): the row of (head h, position pos) ---- */
+#define KV_PAGE_PARAMS global const int *tab, int pt_log2, int max_pages
+#define KV_PAGE_ARGS tab, pt_log2, max_pages
+
+/* byte offset of the row of (head h, position pos) */
+KV_INL ulong kv_row(KV_PAGE_PARAMS, int h, int pos, int row_bytes) {
+    const int page = tab[pos >> pt_log2], t = pos & ((1 << pt_log2) - 1);
+    return (((ulong)h * max_pages + page) * (1 << pt_log2) + t) * row_bytes;
+}
+
+/* element i of an F16 or F32 row set to x (F16: rounded to nearest even, as kv_put) */
+KV_INL void kv_put1(int type, global uchar *row, int i, float x) {
+    if (type == TYPE_F16) vstore_half_rte(x, i, (global half *)row);
+    else ((global float *)row)[i] = x;
+}
+
 /* 16 unsigned nibbles (low or high) as ints */
 KV_INL int16 nib_lo(uchar16 q) { return convert_int16(q & (uchar16)0xF); }
 KV_INL int16 nib_hi(uchar16 q) { return convert_int16(q >> (uchar16)4); }

@@ -132,10 +132,15 @@ kernel void rope(global float *x, ulong xoff, global const int *pos, int n_head,
  * finite (atomic_min(flag, 0) otherwise); what rope, rope, scale and two
  * all_finite launches do, with their arithmetic. Item (i, t): i < n_rot / 2
  * rotates pair i of every head; the others take two of the unrotated
- * elements [n_rot, head_dim). */
+ * elements [n_rot, head_dim). With K (not NULL): then token t's rotated
+ * keys and its values v(T, n_kv, hdv) into the pages at pos0 + t (F16 or
+ * F32 rows), what kv_store does; the same kernel either way, so a rotation
+ * has the same bits with or without the store. */
 kernel void rope_qk(global float *q, ulong qoff, global float *k, ulong koff, global const int *pos, int n_head,
                     int n_kv, int head_dim, int n_rot, int neox, float theta_scale, float freq_scale,
-                    global const float *ff, float q_scale, global int *flag) {
+                    global const float *ff, float q_scale, global int *flag, global uchar *K, global uchar *V,
+                    KV_PAGE_PARAMS, int ktype, int vtype, int krow, int vrow, global const float *v, ulong voff,
+                    int hdv, int pos0) {
     const int i = get_global_id(0), t = get_global_id(1), half_rot = n_rot / 2;
     if (i >= head_dim / 2) return;
     const bool rot = i < half_rot;
@@ -151,18 +156,30 @@ kernel void rope_qk(global float *q, ulong qoff, global float *k, ulong koff, gl
     bool fin = true;
     for (int h = 0; h < n_head + n_kv; h++) {
         const bool isq = h < n_head;
-        global float *v = isq ? q + qoff + ((ulong)t * n_head + h) * head_dim
+        global float *r = isq ? q + qoff + ((ulong)t * n_head + h) * head_dim
                               : k + koff + ((ulong)t * n_kv + (h - n_head)) * head_dim;
-        float p = v[a], d = v[b];
+        float p = r[a], d = r[b];
         if (rot) {
             const float p2 = p * c - d * s, d2 = p * s + d * c;
             p = p2, d = d2;
         }
         if (isq && q_scale != 1.0f) p *= q_scale, d *= q_scale;
-        v[a] = p, v[b] = d;
+        r[a] = p, r[b] = d;
         fin = fin && isfinite(p) && isfinite(d);
+        if (K && !isq) {
+            global uchar *row = K + kv_row(KV_PAGE_ARGS, h - n_head, pos0 + t, krow);
+            kv_put1(ktype, row, a, p), kv_put1(ktype, row, b, d);
+        }
     }
     if (!fin) atomic_min(flag, 0);
+    for (int h = 0; K && h < n_kv; h++) {
+        const global float *vr = v + voff + ((ulong)t * n_kv + h) * hdv;
+        global uchar *row = V + kv_row(KV_PAGE_ARGS, h, pos0 + t, vrow);
+        for (int j = 2 * i; j < hdv; j += head_dim) {
+            kv_put1(vtype, row, j, vr[j]);
+            if (j + 1 < hdv) kv_put1(vtype, row, j + 1, vr[j + 1]);
+        }
+    }
 }
 
 /* ---- one item per element ---- */

@@ -15,14 +15,7 @@
  */
 #pragma OPENCL FP_CONTRACT OFF
 
-#define KV_PAGE_PARAMS global const int *tab, int pt_log2, int max_pages
-#define KV_PAGE_ARGS tab, pt_log2, max_pages
-
-/* byte offset of the row of (head h, position pos) */
-KV_INL ulong kv_row(KV_PAGE_PARAMS, int h, int pos, int row_bytes) {
-    const int page = tab[pos >> pt_log2], t = pos & ((1 << pt_log2) - 1);
-    return (((ulong)h * max_pages + page) * (1 << pt_log2) + t) * row_bytes;
-}
+/* KV_PAGE_PARAMS and kv_row(): blocks.cl (rope_qk writes rows too) */
 
 /* values [i, i + 16) of a stored row (i % 16 == 0) */
 KV_INL float16 kv_load16(int type, const global uchar *row, int i) {
