@@ -224,14 +224,20 @@ KV_INL float16 f16_bits16(uint16 h) {
  * blocks from b of a 32-element format, lane k for block k (0 past n) */
 KV_INL void scales16v(const int type, const global uchar *b, int n, float16 *d, float16 *m) {
     const int bs = bytes32(type);
-    ushort hd[16], hm[16];
+    if (has_min32(type)) { /* d and m side by side: one 32-bit load a block (blocks of 20 and 24 bytes: aligned) */
+        uint hdm[16];
 #pragma unroll
-    for (int k = 0; k < 16; k++) {
-        hd[k] = k < n ? *(const global ushort *)(b + bs * k) : 0;
-        hm[k] = has_min32(type) && k < n ? *(const global ushort *)(b + bs * k + 2) : 0;
+        for (int k = 0; k < 16; k++) hdm[k] = k < n ? *(const global uint *)(b + bs * k) : 0;
+        const uint16 v = vload16(0, hdm);
+        *d = f16_bits16(v & 0xffffu);
+        *m = f16_bits16(v >> 16);
+        return;
     }
+    ushort hd[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) hd[k] = k < n ? *(const global ushort *)(b + bs * k) : 0;
     *d = f16_bits16(convert_uint16(vload16(0, hd)));
-    *m = has_min32(type) ? f16_bits16(convert_uint16(vload16(0, hm))) : 0.0f;
+    *m = 0.0f;
 }
 
 /* the same into arrays d[k], m[k] */

@@ -183,7 +183,10 @@ KV_INL float row_dot_i8(const int type, const global uchar *w, int nb, const glo
     float16 c = 0.0f;
     int b = 0;
     for (; b + I8_GROUP <= nb; b += I8_GROUP) group_i8(type, w, b, I8_GROUP, &xq, &xd, &xs, &a0, &a1, &c);
-    if (b < nb) group_i8(type, w, b, nb - b, &xq, &xd, &xs, &a0, &a1, &c);
+    /* the last group: a literal size where rows often end so (576 = 16 + 2 blocks; 640, 1152: 4) */
+    if (b + 2 == nb) group_i8(type, w, b, 2, &xq, &xd, &xs, &a0, &a1, &c);
+    else if (b + 4 == nb) group_i8(type, w, b, 4, &xq, &xd, &xs, &a0, &a1, &c);
+    else if (b < nb) group_i8(type, w, b, nb - b, &xq, &xd, &xs, &a0, &a1, &c);
     return i8_result(type, a0, a1, c);
 }
 #endif
