@@ -1466,6 +1466,8 @@ int main(void) {
     kvcl_options grp = {.cache_dir = g_cache, .gemv = KVCL_GEMV_GROUP};
     kvcl_ctx *cg = open_ctx(&grp);
     test_matmul_on(cg, "", all_paths, 1, false);
+    test_matmul_add_rmsnorm(cg, "gemv-group ");
+    test_matmul_act(cg, "gemv-group ");
     kvcl_close(cg);
 
     test_rmsnorm(g_c, "", 4);
