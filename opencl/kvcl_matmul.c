@@ -17,6 +17,14 @@
  * gemv_i8 / gemv3_i8 / tiled_i8 (matmul_i8.cl). Weights split over several buffer parts are handled
  * part by part: each launch covers the part's rows, writing the outputs of
  * rows row0 .. row0 + rows - 1.
+ *
+ * Fewer launches a decoded token, on those devices: the kernels that write
+ * a product's input (rmsnorm, ffn_act, attention, and the two below) write
+ * its records too (kvcl_xq_target; the product takes them instead of
+ * quant_x while no launch or write came between), kvcl_matmul_act runs
+ * the gate and up products with the activation, and
+ * kvcl_matmul_add_rmsnorm a product with the residual add and the next
+ * norm; each gives the bits of the ops it replaces.
  */
 #include <stdio.h>
 #include <stdlib.h>
