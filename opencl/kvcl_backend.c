@@ -348,23 +348,34 @@ static void cl_rope(kv_backend *b, float *x, int64_t T, int n_head, int head_dim
     keep(S, st, &e);
 }
 
-static bool cl_rope_qk(kv_backend *b, float *q, float *k, int64_t T, int n_head, int n_kv, int head_dim,
-                       const int32_t *pos, const kv_rope_params *rp, float q_scale) {
-    cl_state *S = b->ctx;
-    kvcl_view qv, kv;
+/* what both RoPE ops do first: the factors' buffer, the positions
+ * uploaded, the finiteness flag reset once a pass; false when an error
+ * was kept (the session reports it) */
+static bool rope_begin(cl_state *S, const kv_rope_params *rp, const int32_t *pos, int64_t T, kvcl_buf **ff) {
     bool ok = true;
-    if (failed(S) || !dev_view(S, q, &qv) || !dev_view(S, k, &kv)) return true; /* the session reports the kept error */
-    kvcl_buf *ff = vec_of(S, rp->freq_factors, &ok);
-    if (!ok) return true;
+    *ff = vec_of(S, rp->freq_factors, &ok);
+    if (!ok) return false;
     if (T > KV_CHUNK) {
         keep_msg(S, "rope over more tokens than a chunk");
-        return true;
+        return false;
     }
     kv_error e;
     kv_status st = upload_pos(S, pos, T, &e);
     if (!st && !S->checks) st = kvcl_finite_reset(S->c, &e);
     S->checks = true;
-    if (!st) st = kvcl_rope_qk(S->c, qv, kv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &e);
+    keep(S, st, &e);
+    return st == KV_OK;
+}
+
+static bool cl_rope_qk(kv_backend *b, float *q, float *k, int64_t T, int n_head, int n_kv, int head_dim,
+                       const int32_t *pos, const kv_rope_params *rp, float q_scale) {
+    cl_state *S = b->ctx;
+    kvcl_view qv, kv;
+    if (failed(S) || !dev_view(S, q, &qv) || !dev_view(S, k, &kv)) return true; /* the session reports the kept error */
+    kvcl_buf *ff;
+    if (!rope_begin(S, rp, pos, T, &ff)) return true;
+    kv_error e;
+    kv_status st = kvcl_rope_qk(S->c, qv, kv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &e);
     keep(S, st, &e);
     return true; /* answered by status at the end of the pass */
 }
@@ -377,23 +388,16 @@ static bool cl_rope_qk_store(kv_backend *b, float *q, float *k, const float *v, 
     cl_state *S = b->ctx;
     kvcl_view qv, kv, vv;
     kvcl_pages pg;
-    bool ok = true;
+    kvcl_buf *ff;
     if (failed(S) || !dev_view(S, q, &qv) || !dev_view(S, k, &kv) || !dev_view(S, v, &vv)) return true;
-    kvcl_buf *ff = vec_of(S, rp->freq_factors, &ok);
-    if (!ok || !layer_pages(S, c, layer, &pg)) return true; /* the session reports the kept error */
-    if (T > KV_CHUNK) {
-        keep_msg(S, "rope over more tokens than a chunk");
-        return true;
-    }
+    if (!layer_pages(S, c, layer, &pg) || !rope_begin(S, rp, pos, T, &ff)) return true; /* the session reports it */
     kv_error e;
-    kv_status st = upload_pos(S, pos, T, &e);
-    if (!st && !S->checks) st = kvcl_finite_reset(S->c, &e);
-    S->checks = true;
+    kv_status st = KV_OK;
     const bool floats = (pg.ktype == KV_TYPE_F16 || pg.ktype == KV_TYPE_F32) &&
                         (pg.vtype == KV_TYPE_F16 || pg.vtype == KV_TYPE_F32);
-    if (!st && floats) {
+    if (floats) {
         st = kvcl_rope_qk_store(S->c, qv, kv, vv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &pg, pos0, &e);
-    } else if (!st) { /* quantized rows: rope, then kv_store's encoders */
+    } else { /* quantized rows: rope, then kv_store's encoders */
         st = kvcl_rope_qk(S->c, qv, kv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &e);
         if (!st) st = kvcl_kv_store(S->c, &pg, pos0, T, kv, vv, &e);
     }

@@ -26,6 +26,22 @@
 #define ATT_HD_MAX 256 /* largest head_dim / head_dim_v */
 #define ATT_BK_MAX 64  /* largest bk */
 
+/* the online softmax over a tile's scores s[jlo .. jhi], cm their max
+ * (and the running max m's): s[j] = exp(sc (s[j] - cm)), the running sum
+ * l and max m moved to cm; returns the factor that rescales what came
+ * before (attention and attention_row share it, and so their bits) */
+KV_INL float softmax_tile(float *s, int jlo, int jhi, float cm, float sc, float *m, float *l) {
+    const float corr = *m == -INFINITY ? 0.0f : exp(sc * (*m - cm));
+    float ps = 0.0f;
+    for (int j = jlo; j <= jhi; j++) {
+        s[j] = exp(sc * (s[j] - cm));
+        ps += s[j];
+    }
+    *l = *l * corr + ps;
+    *m = cm;
+    return corr;
+}
+
 /* the K (or V) rows of keys k0 .. k0 + n - 1 of head g as floats,
  * tile(n, hd): one row per item in turn, 16 values at a time */
 KV_INL void load_tile(local float *tile, const global uchar *buf, KV_PAGE_PARAMS, int type,
@@ -87,15 +103,7 @@ kernel void attention(ATT_PARAMS) {
             s[j] = d;
             cm = fmax(cm, d);
         }
-        /* online softmax: rescale what came before to the new max */
-        const float corr = m == -INFINITY ? 0.0f : exp(sc * (m - cm));
-        float ps = 0.0f;
-        for (int j = jlo; j <= jhi; j++) {
-            s[j] = exp(sc * (s[j] - cm));
-            ps += s[j];
-        }
-        l = l * corr + ps;
-        m = cm;
+        const float corr = softmax_tile(s, jlo, jhi, cm, sc, &m, &l);
         for (int k = 0; k < hdv / 16; k++) {
             float16 a = acc[k] * corr;
             for (int j = jlo; j <= jhi; j++) a = fma((float16)s[j], vload16(0, vt + j * hdv + 16 * k), a);
@@ -180,14 +188,7 @@ KV_INL void att_row(ATT_PARAMS, const int HD, const int HDV) {
             s[j] = d;
             cm = fmax(cm, d);
         }
-        const float corr = m == -INFINITY ? 0.0f : exp(sc * (m - cm));
-        float ps = 0.0f;
-        for (int j = jlo; j <= jhi; j++) {
-            s[j] = exp(sc * (s[j] - cm));
-            ps += s[j];
-        }
-        l = l * corr + ps;
-        m = cm;
+        const float corr = softmax_tile(s, jlo, jhi, cm, sc, &m, &l);
         for (int k = 0; k < hdv / 16; k++) acc[k] *= corr;
         for (int j = jlo; j <= jhi; j++) {
             const global uchar *row = V + kv_row(KV_PAGE_ARGS, g, k0 + j, vrow);

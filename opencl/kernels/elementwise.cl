@@ -23,6 +23,13 @@
 
 #define RMS_GROUP 64 /* work-group size of rmsnorm (the host launches with it) */
 
+/* 1 / sqrt(mean square + eps) from a row's sum of squares (double or float) */
+#ifdef RMS_DOUBLE
+KV_INL float rms_factor(double sum, int n, float eps) { return 1.0f / sqrt((float)(sum / (double)n) + eps); }
+#else
+KV_INL float rms_factor(float sum, int n, float eps) { return 1.0f / sqrt(sum / (float)n + eps); }
+#endif
+
 /* y(T, n) = x / rms(x) * w (w may be NULL); y == x is fine. With a (not
  * NULL), x += a first (the bits of add; y == a is fine): each item adds the
  * elements it then sums and scales. With xr (not NULL, n a multiple of
@@ -57,12 +64,7 @@ kernel void rmsnorm(global float *y, ulong yoff, global float *x, ulong xoff, gl
         if (lid < h) part[lid] += part[lid + h];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-#ifdef RMS_DOUBLE
-    const float mean = (float)(part[0] / (double)n);
-#else
-    const float mean = part[0] / (float)n;
-#endif
-    const float sc = 1.0f / sqrt(mean + eps);
+    const float sc = rms_factor(part[0], n, eps);
     for (int i = lid; i < n; i += RMS_GROUP) yrow[i] = w ? xrow[i] * sc * w[i] : xrow[i] * sc;
     barrier(CLK_GLOBAL_MEM_FENCE); /* the row's y, written by every item */
     if (!xr) return;
@@ -96,12 +98,7 @@ KV_INL void rmsnorm_row1(global float *yrow, global float *xrow, const global fl
 #endif
     for (int h = RMS_GROUP / 2; h > 0; h /= 2)
         for (int l = 0; l < h; l++) part[l] += part[l + h];
-#ifdef RMS_DOUBLE
-    const float mean = (float)(part[0] / (double)n);
-#else
-    const float mean = part[0] / (float)n;
-#endif
-    const float sc = 1.0f / sqrt(mean + eps);
+    const float sc = rms_factor(part[0], n, eps);
     for (int i = 0; i < n; i++) yrow[i] = w ? xrow[i] * sc * w[i] : xrow[i] * sc;
 }
 
