@@ -10,7 +10,8 @@
  * element offset (`*off`) so views into larger buffers work.
  *
  * Work sizes: elementwise kernels run one item per element, the global size
- * rounded up to the work-group size (items past n return).
+ * rounded up to the work-group size (items past n return); ffn_act takes
+ * 16 elements an item (act16, which the fused gate/up kernel shares).
  */
 #pragma OPENCL FP_CONTRACT OFF
 
