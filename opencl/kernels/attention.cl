@@ -42,6 +42,23 @@ KV_INL float softmax_tile(float *s, int jlo, int jhi, float cm, float sc, float 
     return corr;
 }
 
+/* a row's result: with one split, out = acc / l (o, hdv floats) and with
+ * rec its blocks b0 .. of the token's record; else the split's partial
+ * (acc, m in exp units, l) at p (attention_merge combines them) */
+KV_INL void att_write(float16 *acc, int hdv, float m, float l, float sc, global float *o, global char *rec, int nbx,
+                      int b0, global float *p) {
+    if (o) {
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int k = 0; k < hdv / 16; k++) acc[k] *= inv;
+        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, o);
+        for (int k = 0; rec && k < hdv / 32; k++) rec_block(acc[2 * k], acc[2 * k + 1], rec, nbx, b0 + k);
+    } else {
+        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, p);
+        p[hdv] = m * sc; /* the max in exp units */
+        p[hdv + 1] = l;
+    }
+}
+
 /* the K (or V) rows of keys k0 .. k0 + n - 1 of head g as floats,
  * tile(n, hd): one row per item in turn, 16 values at a time */
 KV_INL void load_tile(local float *tile, const global uchar *buf, KV_PAGE_PARAMS, int type,
@@ -111,20 +128,10 @@ kernel void attention(ATT_PARAMS) {
         }
     }
     if (!live) return;
-    if (n_split == 1) {
-        global float *o = out + ooff + ((ulong)t * n_head + head) * hdv; /* (hdv) */
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int k = 0; k < hdv / 16; k++) acc[k] *= inv;
-        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, o);
-        /* with xr (hdv a multiple of 32): this head's blocks of the token's record */
-        global char *rec = xr ? xr + (ulong)t * nbx * I8_RECORD : NULL;
-        for (int k = 0; rec && k < hdv / 32; k++) rec_block(acc[2 * k], acc[2 * k + 1], rec, nbx, head * (hdv / 32) + k);
-    } else {
-        global float *p = part + (((ulong)sp * T + t) * n_head + head) * (hdv + 2); /* (hdv + 2) */
-        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, p);
-        p[hdv] = m * sc; /* the max in exp units */
-        p[hdv + 1] = l;
-    }
+    /* with xr (hdv a multiple of 32): this head's blocks of the token's record */
+    att_write(acc, hdv, m, l, sc, n_split == 1 ? out + ooff + ((ulong)t * n_head + head) * hdv : NULL,
+              xr ? xr + (ulong)t * nbx * I8_RECORD : NULL, nbx, head * (hdv / 32),
+              n_split == 1 ? NULL : part + (((ulong)sp * T + t) * n_head + head) * (hdv + 2));
 }
 
 /* item (i, row), row = t * n_head + head: out = sum_s acc_s e^(m_s - M) /
@@ -195,18 +202,8 @@ KV_INL void att_row(ATT_PARAMS, const int HD, const int HDV) {
             for (int k = 0; k < hdv / 16; k++) acc[k] = fma((float16)s[j], kv_load16(vtype, row, 16 * k), acc[k]);
         }
     }
-    if (n_split == 1) {
-        global float *o = out + ooff + (ulong)head * hdv; /* (hdv) */
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int k = 0; k < hdv / 16; k++) acc[k] *= inv;
-        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, o);
-        for (int k = 0; xr && k < hdv / 32; k++) rec_block(acc[2 * k], acc[2 * k + 1], xr, nbx, head * (hdv / 32) + k);
-    } else {
-        global float *p = part + ((ulong)sp * n_head + head) * (hdv + 2); /* (hdv + 2) */
-        for (int k = 0; k < hdv / 16; k++) vstore16(acc[k], k, p);
-        p[hdv] = m * sc;
-        p[hdv + 1] = l;
-    }
+    att_write(acc, hdv, m, l, sc, n_split == 1 ? out + ooff + (ulong)head * hdv : NULL, xr, nbx, head * (hdv / 32),
+              n_split == 1 ? NULL : part + ((ulong)sp * n_head + head) * (hdv + 2));
 }
 
 #define ATT_ARGS q, qoff, K, V, KV_PAGE_ARGS, ktype, vtype, krow, vrow, T, pos0, n_head, n_kv, hd, hdv, scale, \

@@ -112,6 +112,11 @@ KV_INL void rec_block(float16 a, float16 c, global char *rec, int nbx, int b) {
     ((global float *)(rec + 48 * nbx))[b] = d * (float)(q4.x + q4.y + q4.z + q4.w);
 }
 
+/* block b of the record rec from the 32 floats at v */
+KV_INL void rec_block_at(const global float *v, global char *rec, int nbx, int b) {
+    rec_block(vload16(0, v), vload16(1, v), rec, nbx, b);
+}
+
 /* block b of the record rec: zero (past cols) */
 KV_INL void rec_zero(global char *rec, int nbx, int b) {
     global char *qp = rec + 64 * (b / 2) + 16 * (b % 2);

@@ -70,7 +70,7 @@ kernel void rmsnorm(global float *y, ulong yoff, global float *x, ulong xoff, gl
     barrier(CLK_GLOBAL_MEM_FENCE); /* the row's y, written by every item */
     if (!xr) return;
     global char *rec = xr + (ulong)row * nbx * I8_RECORD;
-    for (int b = lid; b < n / 32; b += RMS_GROUP) rec_block(vload16(0, yrow + 32 * b), vload16(1, yrow + 32 * b), rec, nbx, b);
+    for (int b = lid; b < n / 32; b += RMS_GROUP) rec_block_at(yrow + 32 * b, rec, nbx, b);
 }
 
 /* rmsnorm's row (with a) by one item: the RMS_GROUP lanes' sums kept in
@@ -274,8 +274,7 @@ kernel void ffn_act(global float *gate, ulong goff, global const float *up, ulon
     const long blk = (long)get_group_id(0) * (ACT_GROUP / 2) + lid; /* of gate(T, cols) */
     if (!xr || lid >= ACT_GROUP / 2 || blk * 32 >= n) return;
     const long t = blk / (cols / 32);
-    const global float *v = gate + goff + blk * 32;
-    rec_block(vload16(0, v), vload16(1, v), xr + t * nbx * I8_RECORD, nbx, (int)(blk - t * (cols / 32)));
+    rec_block_at(gate + goff + blk * 32, xr + t * nbx * I8_RECORD, nbx, (int)(blk - t * (cols / 32)));
 }
 
 /* *flag = 0 when some x(n) is not finite (the host sets it to 1 first) */

@@ -55,8 +55,7 @@ kernel void quant_x(global const float *x, ulong xoff, int cols, global char *xr
     if (2 * p >= nbx) return;
     global char *rec = xr + (ulong)t * nbx * I8_RECORD;
     for (int b = 2 * p; b < 2 * p + 2; b++) {
-        const global float *xb = x + xoff + (ulong)t * cols + 32 * b;
-        if (b < nb) rec_block(vload16(0, xb), vload16(1, xb), rec, nbx, b);
+        if (b < nb) rec_block_at(x + xoff + (ulong)t * cols + 32 * b, rec, nbx, b);
         else rec_zero(rec, nbx, b);
     }
 }
@@ -232,7 +231,7 @@ KV_INL void gemv_i8_norm(const int type, GEMV_I8_PARAMS, global float *res, ulon
     *count = 0;
     global float *yrow = y + yoff;
     rmsnorm_row1(yrow, res + roff, yrow, nw, rows, eps);
-    for (int b = 0; yr && b < rows / 32; b++) rec_block(vload16(0, yrow + 32 * b), vload16(1, yrow + 32 * b), yr, ynbx, b);
+    for (int b = 0; yr && b < rows / 32; b++) rec_block_at(yrow + 32 * b, yr, ynbx, b);
 #endif
 }
 
@@ -256,7 +255,7 @@ KV_INL void gemv_act_i8(const int type, global const uchar *W0, global const uch
     barrier(CLK_GLOBAL_MEM_FENCE);
     if (lid % 16 == 0 && lid < 32 && r < n) act_span(gr + r, ur + r, min(n - r, 16), act);
     barrier(CLK_GLOBAL_MEM_FENCE);
-    if (yr && lid == 0 && r < n) rec_block(vload16(0, gr + r), vload16(1, gr + r), yr, ynbx, r / 32);
+    if (yr && lid == 0 && r < n) rec_block_at(gr + r, yr, ynbx, r / 32);
 #endif
 }
 
