@@ -392,12 +392,8 @@ static bool cl_rope_qk_store(kv_backend *b, float *q, float *k, const float *v, 
     if (failed(S) || !dev_view(S, q, &qv) || !dev_view(S, k, &kv) || !dev_view(S, v, &vv)) return true;
     if (!layer_pages(S, c, layer, &pg) || !rope_begin(S, rp, pos, T, &ff)) return true; /* the session reports it */
     kv_error e;
-    kv_status st = KV_OK;
-    const bool floats = (pg.ktype == KV_TYPE_F16 || pg.ktype == KV_TYPE_F32) &&
-                        (pg.vtype == KV_TYPE_F16 || pg.vtype == KV_TYPE_F32);
-    if (floats) {
-        st = kvcl_rope_qk_store(S->c, qv, kv, vv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &pg, pos0, &e);
-    } else { /* quantized rows: rope, then kv_store's encoders */
+    kv_status st = kvcl_rope_qk_store(S->c, qv, kv, vv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &pg, pos0, &e);
+    if (st == KV_ERR_UNSUPPORTED) { /* quantized rows (refused, nothing queued): rope, then kv_store's encoders */
         st = kvcl_rope_qk(S->c, qv, kv, T, n_head, n_kv, head_dim, S->pos, rp, ff, q_scale, &e);
         if (!st) st = kvcl_kv_store(S->c, &pg, pos0, T, kv, vv, &e);
     }

@@ -287,6 +287,12 @@ static kv_status quantize_x(kvcl_ctx *c, cl_mem xm, size_t xoff, int64_t cols, i
     return kvcl_launch_run(&L, 2, g, l, "quantize x", e);
 }
 
+/* one token's records of x (cols wide, at xm + xoff): *xr if a kernel
+ * wrote them with x (xq_take), else quantized into the scratch buffer now */
+static kv_status token_records(kvcl_ctx *c, cl_mem xm, size_t xoff, int64_t cols, cl_mem *xr, kv_error *e) {
+    return *xr ? KV_OK : quantize_x(c, xm, xoff, cols, 1, xr, e);
+}
+
 /* GEMV (one item per row and token) or tiled (MM_TOKENS tokens an item)
  * through the integer kernels: x's records from the kernel that wrote x
  * (m->rec), or quantized here, as many tokens at a time as the scratch
@@ -386,17 +392,14 @@ kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_bu
             return KV_ERR_ARG;
     }
     const bool i8 = int_path(c, w[0]);
-    cl_mem xr = rec;
-    if (i8 && !xr) {
-        kv_status st = quantize_x(c, xm, x.off, w[0]->cols, 1, &xr, e);
-        if (st != KV_OK) return st;
-    }
+    kv_status st = i8 ? token_records(c, xm, x.off, w[0]->cols, &rec, e) : KV_OK;
+    if (st != KV_OK) return st;
     kvcl_launch L = kvcl_launch_begin(c, i8 ? c->mm[w[0]->type].gemv3_i8 : c->mm[w[0]->type].gemv3);
     for (int i = 0; i < 3; i++) kvcl_arg_mem(&L, w[i < n ? i : 0]->buf->parts[0]);
     kvcl_arg_ulong(&L, w[0]->row_bytes);
     for (int i = 0; i < 3; i++) kvcl_arg_int(&L, (int)rows[i]);
     kvcl_arg_int(&L, (int)w[0]->cols);
-    if (i8) kvcl_arg_mem(&L, xr), kvcl_arg_int(&L, (int)i8_blocks(w[0]->cols));
+    if (i8) kvcl_arg_mem(&L, rec), kvcl_arg_int(&L, (int)i8_blocks(w[0]->cols));
     else kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off);
     for (int i = 0; i < 3; i++) kvcl_arg_mem(&L, ym[i < n ? i : 0]), kvcl_arg_ulong(&L, yoff[i]);
     for (int i = 0; i < 3; i++) kvcl_arg_mem(&L, bm[i]);
@@ -420,10 +423,8 @@ kv_status kvcl_matmul_add_rmsnorm(kvcl_ctx *c, const kvcl_weight *w, kvcl_view x
     if (kvcl_view_mem(r, (size_t)n, "residual", &rm, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(y, (size_t)n, "matmul y", &ym, e) != KV_OK) return KV_ERR_ARG;
     if (nw && kvcl_view_mem(kvcl_at(nw, 0), (size_t)n, "rmsnorm weight", &nm, e) != KV_OK) return KV_ERR_ARG;
-    if (!rec) {
-        kv_status st = quantize_x(c, xm, x.off, w->cols, 1, &rec, e);
-        if (st != KV_OK) return st;
-    }
+    kv_status st = token_records(c, xm, x.off, w->cols, &rec, e);
+    if (st != KV_OK) return st;
     int ynbx = 0;
     cl_mem yrec = kvcl_xq_target(c, n, 1, &ynbx); /* the normed row's records for the next product */
     kvcl_launch L = kvcl_launch_begin(c, c->mm[w->type].gemv_i8_norm);
@@ -435,7 +436,7 @@ kv_status kvcl_matmul_add_rmsnorm(kvcl_ctx *c, const kvcl_weight *w, kvcl_view x
     kvcl_arg_mem(&L, rm), kvcl_arg_ulong(&L, r.off), kvcl_arg_mem(&L, nm), kvcl_arg_float(&L, eps);
     kvcl_arg_mem(&L, yrec), kvcl_arg_int(&L, ynbx), kvcl_arg_mem(&L, c->count);
     size_t g[1] = {kvcl_round_up((size_t)n, GEMV_ROWS)}, l[1] = {GEMV_ROWS};
-    kv_status st = kvcl_launch_run(&L, 1, g, l, "gemv", e);
+    st = kvcl_launch_run(&L, 1, g, l, "gemv", e);
     if (st == KV_OK && yrec) kvcl_xq_set(c, ym, y.off, n, 1, yrec);
     return st;
 }
@@ -459,10 +460,8 @@ kv_status kvcl_matmul_act(kvcl_ctx *c, const kvcl_weight *wg, const kvcl_weight 
     if (kvcl_view_mem(x, (size_t)wg->cols, "matmul x", &xm, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(g, (size_t)n, "matmul y", &gm, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(u, (size_t)n, "matmul y", &um, e) != KV_OK) return KV_ERR_ARG;
-    if (!rec) {
-        kv_status st = quantize_x(c, xm, x.off, wg->cols, 1, &rec, e);
-        if (st != KV_OK) return st;
-    }
+    kv_status st = token_records(c, xm, x.off, wg->cols, &rec, e);
+    if (st != KV_OK) return st;
     int ynbx = 0;
     cl_mem yrec = kvcl_xq_target(c, n, 1, &ynbx); /* the activations' records for the down product */
     kvcl_launch L = kvcl_launch_begin(c, c->mm[wg->type].gemv_act_i8);
@@ -472,7 +471,7 @@ kv_status kvcl_matmul_act(kvcl_ctx *c, const kvcl_weight *wg, const kvcl_weight 
     kvcl_arg_mem(&L, gm), kvcl_arg_ulong(&L, g.off), kvcl_arg_mem(&L, um), kvcl_arg_ulong(&L, u.off);
     kvcl_arg_int(&L, act), kvcl_arg_mem(&L, yrec), kvcl_arg_int(&L, ynbx);
     size_t gs[1] = {(size_t)(n + 31) / 32 * 64}, l[1] = {64}; /* 32 rows of each weight a group */
-    kv_status st = kvcl_launch_run(&L, 1, gs, l, "gemv", e);
+    st = kvcl_launch_run(&L, 1, gs, l, "gemv", e);
     if (st == KV_OK && yrec) kvcl_xq_set(c, gm, g.off, n, 1, yrec);
     return st;
 }
