@@ -518,6 +518,34 @@ static int count_exact(const float *got, const float *ref, int64_t n) {
     return same;
 }
 
+/* floats of n that differ (bits) between buffer a at element offset ao and b at bo */
+static int device_differ(kvcl_ctx *c, kvcl_buf *a, size_t ao, kvcl_buf *b, size_t bo, int64_t n) {
+    float *x = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+    get_floats(c, a, ao, x, n), get_floats(c, b, bo, y, n);
+    const int d = (int)n - count_exact(x, y, n);
+    free(x), free(y);
+    return d;
+}
+
+/* whether the first bytes of buffers a and b differ */
+static bool bytes_differ(kvcl_ctx *c, kvcl_buf *a, kvcl_buf *b, size_t bytes) {
+    uint8_t *x = xmalloc(bytes), *y = xmalloc(bytes);
+    const bool d = kvcl_read(c, a, 0, x, bytes, &g_err) != KV_OK || kvcl_read(c, b, 0, y, bytes, &g_err) != KV_OK ||
+                   memcmp(x, y, bytes) != 0;
+    free(x), free(y);
+    return d;
+}
+
+/* b's first n floats written again from the host: the same values, and no
+ * records a kernel left for them (a product then quantizes them itself) */
+static kv_status rewrite_from_host(kvcl_ctx *c, kvcl_buf *b, int64_t n) {
+    float *x = xmalloc(sizeof(float) * n);
+    get_floats(c, b, 0, x, n);
+    const kv_status st = kvcl_write(c, b, 0, x, sizeof(float) * n, &g_err);
+    free(x);
+    return st;
+}
+
 /* A token gets the same bits from the decode GEMV (T = 1) as from the tiled
  * prefill kernel among other tokens (the engine's batch invariance: a
  * decode_batch row equals that session's own decode; a prefix reused from
@@ -1258,8 +1286,6 @@ static void test_matmul_add_rmsnorm(kvcl_ctx *c, const char *label) {
         kvcl_buf *r1 = dev_floats(c, r, T * n), *r2 = dev_floats(c, r, T * n);
         kvcl_buf *y1 = dev_buf(c, NULL, sizeof(float) * (T * n + 2)), *y2 = dev_buf(c, NULL, sizeof(float) * T * n);
         kvcl_buf *p1 = dev_buf(c, NULL, sizeof(float) * T * 40), *p2 = dev_buf(c, NULL, sizeof(float) * T * 40);
-        float *a = xmalloc(sizeof(float) * T * n), *b = xmalloc(sizeof(float) * T * n);
-        float *pa = xmalloc(sizeof(float) * T * 40), *pb = xmalloc(sizeof(float) * T * 40);
         int differ = 0, rounds = 0;
         for (int round = 0; round < 3 && st == KV_OK; round++, rounds++) { /* r accumulates: 3 different inputs */
             st = kvcl_matmul_add_rmsnorm(c, &w, kvcl_at(xb, 0), T, kvcl_at(r1, 0), kvcl_at(y1, 2), nb, 1e-5f, &g_err);
@@ -1268,19 +1294,12 @@ static void test_matmul_add_rmsnorm(kvcl_ctx *c, const char *label) {
             if (st == KV_OK)
                 st = kvcl_add_rmsnorm(c, kvcl_at(r2, 0), kvcl_at(y2, 0), kvcl_at(y2, 0), nb, T, n, 1e-5f, &g_err);
             if (st == KV_OK && have_next) { /* y2 from the host: the product quantizes it */
-                get_floats(c, y2, 0, b, T * n);
-                st = kvcl_write(c, y2, 0, b, sizeof(float) * T * n, &g_err);
+                st = rewrite_from_host(c, y2, T * n);
                 if (st == KV_OK) st = kvcl_matmul(c, &next, NULL, kvcl_at(y2, 0), T, kvcl_at(p2, 0), 40, &g_err);
             }
             if (st != KV_OK) break;
-            get_floats(c, y1, 2, a, T * n), get_floats(c, y2, 0, b, T * n);
-            differ += (int)(T * n) - count_exact(a, b, T * n);
-            get_floats(c, r1, 0, a, T * n), get_floats(c, r2, 0, b, T * n);
-            differ += (int)(T * n) - count_exact(a, b, T * n);
-            if (have_next) {
-                get_floats(c, p1, 0, pa, T * 40), get_floats(c, p2, 0, pb, T * 40);
-                differ += T * 40 - count_exact(pa, pb, T * 40);
-            }
+            differ += device_differ(c, y1, 2, y2, 0, T * n) + device_differ(c, r1, 0, r2, 0, T * n);
+            if (have_next) differ += device_differ(c, p1, 0, p2, 0, T * 40);
         }
         char name[200];
         snprintf(name, sizeof name, "matmul_add_rmsnorm %s%s (%lld x %lld, T %d%s): the bits of matmul, add_rmsnorm%s",
@@ -1291,7 +1310,7 @@ static void test_matmul_add_rmsnorm(kvcl_ctx *c, const char *label) {
         if (have_next) kvcl_weight_free(&next);
         kvcl_buf_free(xb), kvcl_buf_free(nb), kvcl_buf_free(r1), kvcl_buf_free(r2), kvcl_buf_free(y1);
         kvcl_buf_free(y2), kvcl_buf_free(p1), kvcl_buf_free(p2);
-        free(wbytes), free(nbytes), free(deq), free(ndeq), free(x), free(r), free(nw), free(a), free(b), free(pa), free(pb);
+        free(wbytes), free(nbytes), free(deq), free(ndeq), free(x), free(r), free(nw);
     }
 }
 
@@ -1326,8 +1345,6 @@ static void test_matmul_act(kvcl_ctx *c, const char *label) {
         kvcl_buf *u1 = dev_buf(c, NULL, sizeof(float) * T * n), *g2 = dev_buf(c, NULL, sizeof(float) * T * n);
         kvcl_buf *u2 = dev_buf(c, NULL, sizeof(float) * T * n);
         kvcl_buf *d1 = dev_buf(c, NULL, sizeof(float) * T * 24), *d2 = dev_buf(c, NULL, sizeof(float) * T * 24);
-        float *a = xmalloc(sizeof(float) * T * n), *b = xmalloc(sizeof(float) * T * n);
-        float *da = xmalloc(sizeof(float) * T * 24), *dbf = xmalloc(sizeof(float) * T * 24);
         if (st == KV_OK) st = kvcl_matmul_act(c, &wg, &wu, kvcl_at(xb, 0), T, kvcl_at(g1, 1), kvcl_at(u1, 0), act, &g_err);
         if (st == KV_OK && have_down) st = kvcl_matmul(c, &wd, NULL, kvcl_at(g1, 1), T, kvcl_at(d1, 0), 24, &g_err);
         const kvcl_weight *w2[2] = {&wg, &wu};
@@ -1336,18 +1353,13 @@ static void test_matmul_act(kvcl_ctx *c, const char *label) {
         if (st == KV_OK) st = kvcl_matmul_n(c, 2, w2, bias, kvcl_at(xb, 0), T, y2, &g_err);
         if (st == KV_OK) st = kvcl_ffn_act(c, kvcl_at(g2, 0), kvcl_at(u2, 0), T, n, act, &g_err);
         if (st == KV_OK && have_down) { /* g2 from the host: the down product quantizes it */
-            get_floats(c, g2, 0, b, T * n);
-            st = kvcl_write(c, g2, 0, b, sizeof(float) * T * n, &g_err);
+            st = rewrite_from_host(c, g2, T * n);
             if (st == KV_OK) st = kvcl_matmul(c, &wd, NULL, kvcl_at(g2, 0), T, kvcl_at(d2, 0), 24, &g_err);
         }
         int differ = 0;
         if (st == KV_OK) {
-            get_floats(c, g1, 1, a, T * n), get_floats(c, g2, 0, b, T * n);
-            differ += (int)(T * n) - count_exact(a, b, T * n);
-            if (have_down) {
-                get_floats(c, d1, 0, da, T * 24), get_floats(c, d2, 0, dbf, T * 24);
-                differ += T * 24 - count_exact(da, dbf, T * 24);
-            }
+            differ += device_differ(c, g1, 1, g2, 0, T * n);
+            if (have_down) differ += device_differ(c, d1, 0, d2, 0, T * 24);
         }
         char name[200];
         snprintf(name, sizeof name, "matmul_act %s%s %s (%lld x %lld, T %d): the bits of matmul_n, ffn_act%s", label,
@@ -1358,7 +1370,7 @@ static void test_matmul_act(kvcl_ctx *c, const char *label) {
         if (have_down) kvcl_weight_free(&wd);
         kvcl_buf_free(xb), kvcl_buf_free(g1), kvcl_buf_free(u1), kvcl_buf_free(g2), kvcl_buf_free(u2);
         kvcl_buf_free(d1), kvcl_buf_free(d2);
-        free(gb), free(ub), free(db), free(gd), free(ud), free(dd), free(x), free(a), free(b), free(da), free(dbf);
+        free(gb), free(ub), free(db), free(gd), free(ud), free(dd), free(x);
     }
 }
 
@@ -1391,25 +1403,16 @@ static void test_rope_qk_store(kvcl_ctx *c) {
             st = kvcl_rope_qk_store(c, kvcl_at(qb, 0), kvcl_at(kb, 0), kvcl_at(vb, 0), T, n_head, n_kv, hd, posb, &rp,
                                     NULL, q_scale, &pb.pg, pos0, &g_err);
         int differ = 0;
-        float *fa = xmalloc(sizeof(float) * nq), *fb = xmalloc(sizeof(float) * nq);
-        uint8_t *ba = xmalloc(pa.kbytes > pa.vbytes ? pa.kbytes : pa.vbytes), *bb = xmalloc(pa.kbytes > pa.vbytes ? pa.kbytes : pa.vbytes);
-        if (st == KV_OK) {
-            get_floats(c, qa, 0, fa, nq), get_floats(c, qb, 0, fb, nq);
-            differ += (int)nq - count_exact(fa, fb, nq);
-            get_floats(c, ka, 0, fa, nk), get_floats(c, kb, 0, fb, nk);
-            differ += (int)nk - count_exact(fa, fb, nk);
-            kvcl_read(c, pa.pg.k, 0, ba, pa.kbytes, &g_err), kvcl_read(c, pb.pg.k, 0, bb, pa.kbytes, &g_err);
-            differ += memcmp(ba, bb, pa.kbytes) != 0;
-            kvcl_read(c, pa.pg.v, 0, ba, pa.vbytes, &g_err), kvcl_read(c, pb.pg.v, 0, bb, pa.vbytes, &g_err);
-            differ += memcmp(ba, bb, pa.vbytes) != 0;
-        }
+        if (st == KV_OK)
+            differ = device_differ(c, qa, 0, qb, 0, nq) + device_differ(c, ka, 0, kb, 0, nk) +
+                     bytes_differ(c, pa.pg.k, pb.pg.k, pa.kbytes) + bytes_differ(c, pa.pg.v, pb.pg.v, pa.vbytes);
         char name[200];
         snprintf(name, sizeof name, "rope_qk_store %s hd %d/%d %s/%s heads %d/%d T %d at %d: the bits of rope_qk, then kv_store",
                  rp.mode == KV_ROPE_NEOX ? "neox" : "norm", hd, hdv, tname(kt), tname(vt), n_head, n_kv, T, pos0);
         report(st == KV_OK && differ == 0, name, "%s; %d differ", st ? g_err.msg : "", differ);
         pages_free(&pa), pages_free(&pb);
         kvcl_buf_free(posb), kvcl_buf_free(vb), kvcl_buf_free(qa), kvcl_buf_free(ka), kvcl_buf_free(qb), kvcl_buf_free(kb);
-        free(pos), free(q), free(k), free(v), free(fa), free(fb), free(ba), free(bb);
+        free(pos), free(q), free(k), free(v);
     }
     /* quantized pages: refused before anything is queued */
     test_pages pq;
