@@ -61,6 +61,7 @@ typedef struct {
     uint64_t max_alloc;     /* 0: the device's; else a smaller cap (splits buffers sooner) */
     bool portable;          /* use no optional extension (fp64), to test the fallbacks */
     bool no_fp64;           /* only no fp64 (the integer kernels stay), to test their float sums */
+    bool no_vnni;           /* integer kernels without vpdpbusd even where the CPU has it, to test the other sums */
     int gemv;               /* KVCL_GEMV_* */
     const char *extra_source; /* appended to the program (NULL: none); tests of build errors */
 } kvcl_options;
@@ -76,6 +77,9 @@ bool kvcl_ctx_from_cache(const kvcl_ctx *c);
  * quantized to 8 bits per block of 32, as the CPU engine does; matmul_i8.cl):
  * on x86 CPU drivers with AVX2, unless built portable. */
 bool kvcl_ctx_int_dot(const kvcl_ctx *c);
+/* Whether those kernels sum bytes by vpdpbusd (a PoCL device on a CPU with AVX512-VNNI, not
+ * turned off by no_vnni), else by pmaddubsw / pmaddwd: the same integer sums. */
+bool kvcl_ctx_vnni(const kvcl_ctx *c);
 /* KV_OK, or the error that marked the context failed (copied into e). */
 kv_status kvcl_ctx_status(const kvcl_ctx *c, kv_error *e);
 /* Waits for everything queued. */

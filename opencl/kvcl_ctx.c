@@ -271,4 +271,6 @@ const kvcl_device_info *kvcl_ctx_device(const kvcl_ctx *c) { return &c->info; }
 
 bool kvcl_ctx_int_dot(const kvcl_ctx *c) { return c->int_dot; }
 
+bool kvcl_ctx_vnni(const kvcl_ctx *c) { return c->int_dot && c->vnni; }
+
 bool kvcl_ctx_from_cache(const kvcl_ctx *c) { return c->from_cache; }

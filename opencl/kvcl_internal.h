@@ -48,6 +48,7 @@ struct kvcl_ctx {
     int gemv;             /* KVCL_GEMV_ROW / GROUP */
     int prefill;          /* KVCL_MM_TILED / CLBLAST (kvcl_ops.h), chosen by kvcl_prefill_choose */
     bool int_dot;         /* the *_i8 kernels compute (an x86 CPU driver, gemv ROW): their types use them */
+    bool vnni;            /* the program was built with KVCL_VNNI (the *_i8 kernels' vpdpbusd) */
     char cache_dir[1024]; /* "" : no cache */
     unsigned char dev_key[32]; /* hash of the device's identity (cache file names) */
 

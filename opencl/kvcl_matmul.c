@@ -47,6 +47,55 @@
 
 /* ==== weights =================================================================== */
 
+#define I8_GROUP 8 /* = I8_GROUP in blocks.cl: blocks a group of the records and packed rows */
+#define I8_RECORD 40 /* = I8_RECORD in blocks.cl: bytes of a token's quantized x per block */
+
+/* blocks of a token's record: cols / 32 rounded up to I8_GROUP */
+static int64_t i8_blocks(int64_t cols) { return (cols / 32 + I8_GROUP - 1) / I8_GROUP * I8_GROUP; }
+
+/* whether products with weights of this type and width take the *_i8
+ * kernels (a token's record must fit one buffer) */
+static bool i8_weight(const kvcl_ctx *c, int type, int64_t cols) {
+    return c->int_dot && c->mm[type].gemv_i8 && (uint64_t)i8_blocks(cols) * I8_RECORD <= c->max_alloc;
+}
+
+/* A row of nb 32-element blocks (bs bytes each) in the integer kernels'
+ * layout (blocks.cl): groups of 8 blocks (the last of nb % 8), each its
+ * blocks' scales, mins, fifth-bit words, then their quants in 4-byte
+ * words, block by block. */
+static void pack_row(int type, const uint8_t *src, int64_t nb, uint8_t *dst) {
+    const bool min = type == KV_TYPE_Q4_1 || type == KV_TYPE_Q5_1, five = type == KV_TYPE_Q5_0 || type == KV_TYPE_Q5_1;
+    const size_t bs = kv_row_size(type, 32), sb = min ? 4 : 2, hb = five ? 4 : 0, words = (bs - sb - hb) / 4;
+    for (int64_t g = 0; g < nb; g += I8_GROUP) {
+        const size_t n = (size_t)(nb - g < I8_GROUP ? nb - g : I8_GROUP);
+        const uint8_t *s = src + (size_t)g * bs;
+        uint8_t *d = dst + (size_t)g * bs, *q = d + n * (sb + hb);
+        for (size_t l = 0; l < n; l++) {
+            const uint8_t *b = s + l * bs;
+            memcpy(d + 2 * l, b, 2);
+            if (min) memcpy(d + 2 * n + 2 * l, b + 2, 2);
+            if (five) memcpy(d + sb * n + 4 * l, b + sb, 4);
+            for (size_t v = 0; v < words; v++) memcpy(q + 4 * (n * v + l), b + sb + hb + 4 * v, 4);
+        }
+    }
+}
+
+/* rows of data packed (pack_row) and written to b, some rows at a time */
+static kv_status write_packed(kvcl_ctx *c, int type, int64_t rows, int64_t cols, const uint8_t *data, size_t rb,
+                              kvcl_buf *b, kv_error *e) {
+    const int64_t per = (int64_t)((4u << 20) / rb) + 1;
+    uint8_t *tmp = malloc((size_t)(per < rows ? per : rows) * rb);
+    if (!tmp) return kv_fail(e, KV_ERR_NOMEM, "out of memory");
+    kv_status st = KV_OK;
+    for (int64_t r = 0; r < rows && st == KV_OK; r += per) {
+        const int64_t n = rows - r < per ? rows - r : per;
+        for (int64_t i = 0; i < n; i++) pack_row(type, data + (size_t)(r + i) * rb, cols / 32, tmp + (size_t)i * rb);
+        st = kvcl_write(c, b, (size_t)r * rb, tmp, (size_t)n * rb, e);
+    }
+    free(tmp);
+    return st;
+}
+
 bool kvcl_type_supported(int type) {
     switch (type) {
     case KV_TYPE_F32: case KV_TYPE_F16: case KV_TYPE_BF16: case KV_TYPE_Q4_0: case KV_TYPE_Q4_1:
@@ -71,12 +120,13 @@ kv_status kvcl_weight_upload(kvcl_ctx *c, int type, int64_t rows, int64_t cols, 
     kvcl_buf *b;
     kv_status st = kvcl_buf_create(c, rb * (size_t)rows, rb, &b, e);
     if (st != KV_OK) return st;
-    st = kvcl_write(c, b, 0, data, rb * (size_t)rows, e);
+    const bool packed = i8_weight(c, type, cols);
+    st = packed ? write_packed(c, type, rows, cols, data, rb, b, e) : kvcl_write(c, b, 0, data, rb * (size_t)rows, e);
     if (st != KV_OK) {
         kvcl_buf_free(b);
         return st;
     }
-    *w = (kvcl_weight){b, type, rows, cols, rb};
+    *w = (kvcl_weight){b, type, rows, cols, rb, packed};
     return KV_OK;
 }
 
@@ -175,7 +225,7 @@ static kv_status dequant_tile(const mm_call *m, int p, int64_t r, int64_t n, cl_
     kvcl_arg_mem(&L, m->w->buf->parts[p]), kvcl_arg_ulong(&L, m->w->row_bytes);
     kvcl_arg_int(&L, (int)(r + n)), kvcl_arg_int(&L, (int)K);
     kvcl_arg_mem(&L, NULL), kvcl_arg_int(&L, 0), kvcl_arg_int(&L, (int)r);
-    kvcl_arg_mem(&L, tile), kvcl_arg_ulong(&L, 0), kvcl_arg_int(&L, (int)K);
+    kvcl_arg_mem(&L, tile), kvcl_arg_ulong(&L, 0), kvcl_arg_int(&L, (int)K), kvcl_arg_int(&L, m->w->packed);
     size_t g[2] = {kvcl_round_up(kvcl_deq_items(m->w->type, K), 16), (size_t)n}, l[2] = {16, 1};
     return kvcl_launch_run(&L, 2, g, l, "dequantize", e);
 }
@@ -220,17 +270,8 @@ static kv_status mm_clblast(const mm_call *m, kv_error *e) {
 
 /* ==== integer dot products (matmul_i8.cl) ======================================= */
 
-#define I8_GROUP 16 /* = I8_GROUP in matmul_i8.cl */
-#define I8_RECORD 52 /* = I8_RECORD in matmul_i8.cl: bytes of a token's quantized x per block */
-
-/* blocks of a token's record: cols / 32 rounded up to I8_GROUP */
-static int64_t i8_blocks(int64_t cols) { return (cols / 32 + I8_GROUP - 1) / I8_GROUP * I8_GROUP; }
-
-/* whether products with weights of this type and width take the *_i8
- * kernels (a token's record must fit one buffer) */
-static bool int_path(const kvcl_ctx *c, const kvcl_weight *w) {
-    return c->int_dot && c->mm[w->type].gemv_i8 && (uint64_t)i8_blocks(w->cols) * I8_RECORD <= c->max_alloc;
-}
+/* whether products with w take the *_i8 kernels: its rows were packed for them at upload */
+static bool int_path(const kvcl_weight *w) { return w->packed; }
 
 #define XREC_MAX (64u << 20) /* bytes of one width's records at most */
 
@@ -340,7 +381,7 @@ static kv_status matmul_rec(kvcl_ctx *c, int path, const kvcl_weight *w, kvcl_bu
     if (bias && kvcl_view_mem(kvcl_at(bias, 0), (size_t)w->rows, "matmul bias", &m.bias, e) != KV_OK)
         return KV_ERR_ARG;
     if (path == KVCL_MM_AUTO) path = T == 1 ? KVCL_MM_GEMV : c->prefill;
-    if (path != KVCL_MM_CLBLAST && int_path(c, w)) {
+    if (path != KVCL_MM_CLBLAST && int_path(w)) {
         m.rec = rec;
         return mm_i8(&m, path == KVCL_MM_TILED, e);
     }
@@ -391,7 +432,7 @@ kv_status kvcl_matmul_n(kvcl_ctx *c, int n, const kvcl_weight *const *w, kvcl_bu
         if (bias[i] && kvcl_view_mem(kvcl_at(bias[i], 0), (size_t)rows[i], "matmul bias", &bm[i], e) != KV_OK)
             return KV_ERR_ARG;
     }
-    const bool i8 = int_path(c, w[0]);
+    const bool i8 = int_path(w[0]);
     kv_status st = i8 ? token_records(c, xm, x.off, w[0]->cols, &rec, e) : KV_OK;
     if (st != KV_OK) return st;
     kvcl_launch L = kvcl_launch_begin(c, i8 ? c->mm[w[0]->type].gemv3_i8 : c->mm[w[0]->type].gemv3);
@@ -411,7 +452,7 @@ kv_status kvcl_matmul_add_rmsnorm(kvcl_ctx *c, const kvcl_weight *w, kvcl_view x
                                   kvcl_view y, kvcl_buf *nw, float eps, kv_error *e) {
     if (kvcl_check(c, e) != KV_OK) return c->failed;
     cl_mem rec = xq_take(c, x, w->cols, T);
-    const bool one = T == 1 && w->buf && int_path(c, w) && w->buf->n_parts == 1 && w->rows <= INT32_MAX - GEMV_ROWS &&
+    const bool one = T == 1 && w->buf && int_path(w) && w->buf->n_parts == 1 && w->rows <= INT32_MAX - GEMV_ROWS &&
                      c->mm[w->type].gemv_i8_norm;
     if (!one) {
         kv_status st = matmul_rec(c, KVCL_MM_AUTO, w, NULL, x, T, y, w->rows, rec, e);
@@ -444,7 +485,7 @@ kv_status kvcl_matmul_add_rmsnorm(kvcl_ctx *c, const kvcl_weight *w, kvcl_view x
 kv_status kvcl_matmul_act(kvcl_ctx *c, const kvcl_weight *wg, const kvcl_weight *wu, kvcl_view x, int64_t T,
                           kvcl_view g, kvcl_view u, int act, kv_error *e) {
     if (kvcl_check(c, e) != KV_OK) return c->failed;
-    const bool one = T == 1 && wg->buf && wu->buf && int_path(c, wg) && wg->type == wu->type && wg->rows == wu->rows &&
+    const bool one = T == 1 && wg->buf && wu->buf && int_path(wg) && wg->type == wu->type && wg->rows == wu->rows &&
                      wg->cols == wu->cols && wg->buf->n_parts == 1 && wu->buf->n_parts == 1 &&
                      wg->rows <= INT32_MAX - GEMV_ROWS && c->mm[wg->type].gemv_act_i8 &&
                      (act == KV_ACT_SILU || act == KV_ACT_GELU_TANH);

@@ -244,6 +244,7 @@ kv_status kvcl_embed(kvcl_ctx *c, const kvcl_weight *emb, kvcl_buf *ids, int64_t
         kvcl_arg_int(&L, (int)rows), kvcl_arg_int(&L, (int)emb->cols);
         kvcl_arg_mem(&L, im), kvcl_arg_int(&L, (int)row0), kvcl_arg_int(&L, 0);
         kvcl_arg_mem(&L, om), kvcl_arg_ulong(&L, out.off), kvcl_arg_int(&L, (int)emb->cols);
+        kvcl_arg_int(&L, emb->packed);
         size_t g[2] = {kvcl_round_up(kvcl_deq_items(emb->type, emb->cols), 16), (size_t)T}, l[2] = {16, 1};
         if (kvcl_launch_run(&L, 2, g, l, "embed", e) != KV_OK) return c->failed;
     }

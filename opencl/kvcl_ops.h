@@ -26,12 +26,15 @@
 /* ---- weights ---- */
 
 /* A weight matrix on the device, rows of `cols` elements of `type` as in
- * the GGUF; split into parts of whole rows past the largest allocation. */
+ * the GGUF, or packed (where the integer kernels take the type: each
+ * row's blocks in groups of 8, kernels/blocks.cl); split into parts of
+ * whole rows past the largest allocation. */
 typedef struct {
     kvcl_buf *buf;
     int type;
     int64_t rows, cols;
     size_t row_bytes;
+    bool packed;
 } kvcl_weight;
 
 /* True for the types the kernels read: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1

@@ -80,14 +80,40 @@ static void program_key(cl_device_id dev, const char *options, const char *extra
     crypto_generichash_final(&h, key, KEY_BYTES);
 }
 
+/* Whether the integer kernels may write vpdpbusd (KVCL_VNNI): the device
+ * is a PoCL CPU device, which runs the kernels on this process's CPU, and
+ * that CPU has AVX512-VNNI and AVX512-VL. PoCL may compile for an older
+ * CPU name than the one it runs on (its LLVM does not know it), so the
+ * kernels cannot tell by themselves. */
+static bool host_vnni(const kvcl_ctx *c) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    cl_device_type type = 0;
+    cl_platform_id plat = NULL;
+    char pname[64] = {0};
+    if (clGetDeviceInfo(c->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL) != CL_SUCCESS ||
+        clGetDeviceInfo(c->dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL) != CL_SUCCESS ||
+        clGetPlatformInfo(plat, CL_PLATFORM_NAME, sizeof pname - 1, pname, NULL) != CL_SUCCESS)
+        return false;
+    if (!(type & CL_DEVICE_TYPE_CPU) || strcmp(pname, "Portable Computing Language") != 0 ||
+        strncmp(c->info.name, "remote", 6) == 0)
+        return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+#else
+    (void)c;
+    return false;
+#endif
+}
+
 static void build_options(const kvcl_ctx *c, const kvcl_options *o, char *out, size_t cap) {
     cl_device_fp_config fp = 0;
     clGetDeviceInfo(c->dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
     /* correctly rounded x / y and sqrt: the Q8_0 scales and RMS factors
      * then match the CPU's bit for bit */
-    snprintf(out, cap, "-cl-std=CL1.2%s%s%s",
+    snprintf(out, cap, "-cl-std=CL1.2%s%s%s%s",
              (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
-             o->portable ? " -DKVCL_PORTABLE" : "", o->no_fp64 ? " -DKVCL_NO_FP64" : "");
+             o->portable ? " -DKVCL_PORTABLE" : "", o->no_fp64 ? " -DKVCL_NO_FP64" : "",
+             !o->portable && !o->no_vnni && host_vnni(c) ? " -DKVCL_VNNI" : "");
 }
 
 /* ==== cache files ============================================================ */
@@ -231,6 +257,7 @@ kv_status kvcl_program_load(kvcl_ctx *c, const kvcl_options *o, kv_error *e) {
     char options[256], path[1200];
     unsigned char key[KEY_BYTES];
     build_options(c, o, options, sizeof options);
+    c->vnni = strstr(options, "-DKVCL_VNNI") != NULL;
     program_key(c->dev, options, o->extra_source, key);
     device_key(c->dev, c->dev_key);
     cache_dir(c, o);

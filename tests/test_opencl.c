@@ -585,6 +585,53 @@ static void test_gemv_tiled_same(kvcl_ctx *c) {
     }
 }
 
+/* Where the integer kernels run, their weights are packed in groups of 8
+ * blocks, the last group of a row shorter (nb % 8 blocks): rows of 1 .. 17
+ * blocks, each group size and tail, through the GEMV (against the float64
+ * product and kv_matmul's 8-bit activations), the tiled prefill (the
+ * GEMV's bits) and the embedding lookup (kv_dequantize_row's bits). */
+static void test_packed_rows(kvcl_ctx *c, const char *label) {
+    static const int types[] = {KV_TYPE_Q4_0, KV_TYPE_Q4_1, KV_TYPE_Q5_0, KV_TYPE_Q5_1, KV_TYPE_Q8_0};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (int nb = 1; nb <= 17; nb++) {
+            const int type = types[ti];
+            const int64_t rows = 5 + irand(60), cols = 32 * nb, T = 9;
+            uint8_t *bytes;
+            float *deq, *x = xmalloc(sizeof(float) * T * cols);
+            random_weight(type, rows, cols, &bytes, &deq);
+            for (int64_t i = 0; i < T * cols; i++) x[i] = frand();
+            mm_case k = {KVCL_MM_GEMV, type, rows, cols, 1, false, 0};
+            float *got = check_matmul(c, label, &k, bytes, deq, x, NULL);
+            check_against_cpu(&k, bytes, deq, x, got);
+            free(got);
+
+            kvcl_weight w;
+            kv_status st = kvcl_weight_upload(c, type, rows, cols, bytes, &w, &g_err);
+            kvcl_buf *xb = dev_floats(c, x, T * cols), *yt = dev_buf(c, NULL, sizeof(float) * T * rows);
+            kvcl_buf *yg = dev_buf(c, NULL, sizeof(float) * T * rows);
+            if (st == KV_OK) st = kvcl_matmul_with(c, KVCL_MM_TILED, &w, NULL, kvcl_at(xb, 0), T, kvcl_at(yt, 0), rows, &g_err);
+            for (int64_t t = 0; st == KV_OK && t < T; t++)
+                st = kvcl_matmul_with(c, KVCL_MM_GEMV, &w, NULL, kvcl_at(xb, t * cols), 1, kvcl_at(yg, t * rows), rows,
+                                      &g_err);
+            const int differ = st == KV_OK ? device_differ(c, yt, 0, yg, 0, T * rows) : -1;
+            int32_t ids[3] = {(int32_t)rows - 1, 0, irand(rows)};
+            kvcl_buf *ib = dev_buf(c, ids, sizeof ids), *eo = dev_buf(c, NULL, sizeof(float) * 3 * cols);
+            if (st == KV_OK) st = kvcl_embed(c, &w, ib, 3, kvcl_at(eo, 0), &g_err);
+            float *e = xmalloc(sizeof(float) * 3 * cols);
+            int bad = 0;
+            if (st == KV_OK) get_floats(c, eo, 0, e, 3 * cols);
+            for (int i = 0; st == KV_OK && i < 3; i++) bad += memcmp(e + i * cols, deq + ids[i] * cols, sizeof(float) * cols) != 0;
+            char name[200];
+            snprintf(name, sizeof name, "%srows of %d blocks, %s (%lld rows, %s): tiled == GEMV bits, embed == kv_dequantize_row",
+                     label, nb, tname(type), (long long)rows, w.packed ? "packed" : "as stored");
+            report(st == KV_OK && differ == 0 && bad == 0 && w.packed == kvcl_ctx_int_dot(c), name, "%s; %d outputs differ, %d embedded rows differ",
+                   st ? g_err.msg : "", differ, bad);
+            kvcl_weight_free(&w);
+            kvcl_buf_free(xb), kvcl_buf_free(yt), kvcl_buf_free(yg), kvcl_buf_free(ib), kvcl_buf_free(eo);
+            free(bytes), free(deq), free(x), free(e);
+        }
+}
+
 /* kvcl_matmul_n (one launch for q, k, v or gate, up at T = 1) gives each
  * output the bits of its own kvcl_matmul, with biases, for weights of one
  * type (the fused launch) and of mixed types (one product each). */
@@ -1451,7 +1498,8 @@ int main(void) {
 
     kvcl_options o = {.cache_dir = g_cache};
     g_c = open_ctx(&o);
-    printf("     (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 products: %s)\n", kvcl_ctx_int_dot(g_c) ? "integer kernels" : "float kernels");
+    printf("     (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 products: %s)\n",
+           kvcl_ctx_vnni(g_c) ? "integer kernels, vpdpbusd" : kvcl_ctx_int_dot(g_c) ? "integer kernels" : "float kernels");
     /* weights split into parts of at most 32 KiB */
     kvcl_options small = {.cache_dir = g_cache, .max_alloc = 32 << 10};
     kvcl_ctx *split = open_ctx(&small);
@@ -1464,8 +1512,16 @@ int main(void) {
     test_matmul_on(g_c, "", all_paths, 3, true);
     test_matmul_on(split, "split", all_paths, 3, false);
     test_gemv_tiled_same(g_c);
+    test_packed_rows(g_c, "");
     test_matmul_n(g_c);
     test_matmul_n(split);
+    kvcl_options nov = {.cache_dir = g_cache, .no_vnni = true};
+    kvcl_ctx *cv = open_ctx(&nov); /* the integer kernels' pmaddubsw sums where the CPU has vpdpbusd */
+    report(!kvcl_ctx_vnni(cv), "no_vnni: the integer kernels without vpdpbusd", "it has them");
+    test_packed_rows(cv, "no vpdpbusd: ");
+    test_matmul_on(cv, "no vpdpbusd", all_paths, 2, true);
+    test_matmul_n(cv);
+    kvcl_close(cv);
     kvcl_options grp = {.cache_dir = g_cache, .gemv = KVCL_GEMV_GROUP};
     kvcl_ctx *cg = open_ctx(&grp);
     test_matmul_on(cg, "", all_paths, 1, false);

@@ -74,24 +74,47 @@ KV_INL float16 round_f16x16(float16 x) {
     return vload_half16(0, (const private half *)&h);
 }
 
-/* ---- the integer kernels' quantized activations (matmul_i8.cl) ----
+/* ---- the integer kernels' records and weights (matmul_i8.cl) ----
+ * Both in lanes of 8 blocks, so that one 32-byte vector holds 4 bytes of
+ * each of 8 blocks and vpdpbusd / pmaddwd leave block l's sums in lane l.
+ *
  * A token's record of x (cols wide): nbx blocks of 32, nbx = cols / 32
- * rounded up to I8_GROUP. First the quants, 32 bytes a block, pairs of
- * blocks interleaved (the first halves of b and b + 1, then their second
- * halves); then the scales d (f16-rounded amax / 127, as the CPU's Q8_0;
- * four copies each, a pair's eight floats); then d * (sum of the block's
- * quants). Blocks past cols are 0. quant_x writes records from x; the
- * kernels that produce the input of a product (rmsnorm, ffn_act,
- * attention) write them too where the host asks, from the values they
- * store, so the records are the same bits either way. */
+ * rounded up to I8_GROUP. First the quants, 32 bytes a block: in group g
+ * of 8 blocks, 32-byte word j (0 .. 7) holds elements 4 j .. 4 j + 3 of
+ * block 8 g + l at bytes 4 l .. 4 l + 3. Then the scales d (nbx floats:
+ * f16-rounded amax / 127, as the CPU's Q8_0), then d * (sum of the block's
+ * quants) (nbx floats). Blocks past cols are 0. quant_x writes records
+ * from x; the kernels that produce the input of a product (rmsnorm,
+ * ffn_act, attention) write them too where the host asks, from the values
+ * they store, so the records are the same bits either way.
+ *
+ * Weights of those kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 where they run)
+ * are packed by the host at upload, row by row, in the bytes the row
+ * had: its blocks in groups of 8 (the last one of nb % 8 blocks, if any);
+ * a group of n blocks holds their n scales d (f16), then for Q4_1 / Q5_1
+ * their n mins m, for Q5_0 / Q5_1 their n 32-bit words of fifth bits, then
+ * the quants as words of 4 n bytes: word v holds bytes 4 v .. 4 v + 3 of
+ * each block's quants in turn (4 words for the nibble formats, 8 for
+ * Q8_0). deq32_packed reads one block of such a row. */
 
-#define I8_GROUP 16 /* blocks a scale group (and nbx a multiple of it) */
+#define I8_GROUP 8 /* blocks a group (and nbx a multiple of it) */
 
-/* bytes of a token's record per block: 32 quants, 4 scales, a sum (= I8_RECORD in kvcl_matmul.c) */
-#define I8_RECORD 52
+/* bytes of a token's record per block: 32 quants, a scale, a sum (= I8_RECORD in kvcl_matmul.c) */
+#define I8_RECORD 40
 
-/* block b of the record rec (nbx blocks) from its 32 values (a: the first
- * 16, c: the next 16) */
+/* block b of the record rec (nbx blocks): 32 quants (lo: elements 0 .. 15,
+ * hi: 16 .. 31), scale d, sum s */
+KV_INL void rec_store(char16 lo, char16 hi, float d, float s, global char *rec, int nbx, int b) {
+    global char *qp = rec + 256 * (b / 8) + 4 * (b % 8);
+    vstore4(lo.s0123, 0, qp), vstore4(lo.s4567, 0, qp + 32), vstore4(lo.s89ab, 0, qp + 64);
+    vstore4(lo.scdef, 0, qp + 96), vstore4(hi.s0123, 0, qp + 128), vstore4(hi.s4567, 0, qp + 160);
+    vstore4(hi.s89ab, 0, qp + 192), vstore4(hi.scdef, 0, qp + 224);
+    ((global float *)(rec + 32 * nbx))[b] = d;
+    ((global float *)(rec + 36 * nbx))[b] = s;
+}
+
+/* block b of the record rec from its 32 values (a: the first 16, c: the
+ * next 16) */
 KV_INL void rec_block(float16 a, float16 c, global char *rec, int nbx, int b) {
     const float16 m = fmax(fabs(a), fabs(c));
     const float8 m8 = fmax(m.lo, m.hi);
@@ -105,11 +128,7 @@ KV_INL void rec_block(float16 a, float16 c, global char *rec, int nbx, int b) {
     float d = round_f16(dd);
     /* a NaN among the 32 (which fmax and the conversion drop) makes the scale NaN */
     if (any(isnan(a)) || any(isnan(c))) d = NAN;
-    global char *qp = rec + 64 * (b / 2) + 16 * (b % 2);
-    vstore16(lo, 0, qp);
-    vstore16(hi, 0, qp + 32);
-    vstore4((float4)d, 0, (global float *)(rec + 32 * nbx) + 4 * b);
-    ((global float *)(rec + 48 * nbx))[b] = d * (float)(q4.x + q4.y + q4.z + q4.w);
+    rec_store(lo, hi, d, d * (float)(q4.x + q4.y + q4.z + q4.w), rec, nbx, b);
 }
 
 /* block b of the record rec from the 32 floats at v */
@@ -118,13 +137,7 @@ KV_INL void rec_block_at(const global float *v, global char *rec, int nbx, int b
 }
 
 /* block b of the record rec: zero (past cols) */
-KV_INL void rec_zero(global char *rec, int nbx, int b) {
-    global char *qp = rec + 64 * (b / 2) + 16 * (b % 2);
-    vstore16((char16)0, 0, qp);
-    vstore16((char16)0, 0, qp + 32);
-    vstore4((float4)0.0f, 0, (global float *)(rec + 32 * nbx) + 4 * b);
-    ((global float *)(rec + 48 * nbx))[b] = 0.0f;
-}
+KV_INL void rec_zero(global char *rec, int nbx, int b) { rec_store((char16)0, (char16)0, 0.0f, 0.0f, rec, nbx, b); }
 
 /* ---- K/V pages (kvstore.cl): the row of (head h, position pos) ---- */
 #define KV_PAGE_PARAMS global const int *tab, int pt_log2, int max_pages
@@ -154,67 +167,67 @@ KV_INL int16 bits16(uint h, uint s) {
 
 /* ---- the 32-element formats (one block per sub-block) ---- */
 
-/* Each format twice: deq32s_* with the block's scale d and min (or
- * nothing) m already decoded, and deq32_* reading them from the block. */
-
-/* Q4_0 (18 bytes): d, 16 bytes of nibbles; y = d * (q - 8) */
-KV_INL void deq32s_q4_0(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
-    const uchar16 q = vload16(0, b + 2);
-    *lo = d * convert_float16(nib_lo(q) - 8);
-    *hi = d * convert_float16(nib_hi(q) - 8);
-}
-
-/* Q4_1 (20 bytes): d, m, nibbles; y = d * q + m */
-KV_INL void deq32s_q4_1(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
-    const uchar16 q = vload16(0, b + 4);
-    *lo = d * convert_float16(nib_lo(q)) + m;
-    *hi = d * convert_float16(nib_hi(q)) + m;
-}
-
-/* Q5_0 (22 bytes): d, 32 high bits, nibbles; y = d * (q - 16) */
-KV_INL void deq32s_q5_0(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
-    const uint qh = as_uint(vload4(0, b + 2));
-    const uchar16 q = vload16(0, b + 6);
-    *lo = d * convert_float16((nib_lo(q) | bits16(qh, 0)) - 16);
-    *hi = d * convert_float16((nib_hi(q) | bits16(qh, 16)) - 16);
-}
-
-/* Q5_1 (24 bytes): d, m, 32 high bits, nibbles; y = d * q + m */
-KV_INL void deq32s_q5_1(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
-    const uint qh = as_uint(vload4(0, b + 4));
-    const uchar16 q = vload16(0, b + 8);
-    *lo = d * convert_float16(nib_lo(q) | bits16(qh, 0)) + m;
-    *hi = d * convert_float16(nib_hi(q) | bits16(qh, 16)) + m;
-}
-
-/* Q8_0 (34 bytes): d, 32 int8; y = q * d */
-KV_INL void deq32s_q8_0(const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
-    *lo = convert_float16(as_char16(vload16(0, b + 2))) * d;
-    *hi = convert_float16(as_char16(vload16(0, b + 18))) * d;
-}
-
-/* bytes of a block, whether it has a min after d (32-element formats) */
+/* bytes of a block, whether it has a min after d, whether it has fifth bits (32-element formats) */
 KV_INL int bytes32(const int type) {
     return type == TYPE_Q4_0 ? 18 : type == TYPE_Q4_1 ? 20 : type == TYPE_Q5_0 ? 22 : type == TYPE_Q5_1 ? 24 : 34;
 }
 KV_INL bool has_min32(const int type) { return type == TYPE_Q4_1 || type == TYPE_Q5_1; }
+KV_INL bool five32(const int type) { return type == TYPE_Q5_0 || type == TYPE_Q5_1; }
 KV_INL bool quant32(const int type) {
     return type == TYPE_Q4_0 || type == TYPE_Q4_1 || type == TYPE_Q5_0 || type == TYPE_Q5_1 || type == TYPE_Q8_0;
 }
 
-/* block b (at b) of a quantized 32-element format, scales given */
-KV_INL void deq32s(const int type, const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
+/* A block's values from its parts, however stored: q the first 16 quant
+ * bytes (the nibbles; Q8_0's first 16 int8), q2 Q8_0's next 16, qh the
+ * fifth bits (Q5), d the scale, m the min (Q4_1, Q5_1).
+ *   Q4_0: d * (q - 8)   Q4_1: d * q + m   Q5_0: d * (q - 16)   Q5_1: d * q + m   Q8_0: q * d */
+KV_INL void deq32v(const int type, uchar16 q, uchar16 q2, uint qh, float d, float m, float16 *lo, float16 *hi) {
     switch (type) {
-    case TYPE_Q4_0: deq32s_q4_0(b, d, m, lo, hi); break;
-    case TYPE_Q4_1: deq32s_q4_1(b, d, m, lo, hi); break;
-    case TYPE_Q5_0: deq32s_q5_0(b, d, m, lo, hi); break;
-    case TYPE_Q5_1: deq32s_q5_1(b, d, m, lo, hi); break;
-    case TYPE_Q8_0: deq32s_q8_0(b, d, m, lo, hi); break;
+    case TYPE_Q4_0:
+        *lo = d * convert_float16(nib_lo(q) - 8);
+        *hi = d * convert_float16(nib_hi(q) - 8);
+        break;
+    case TYPE_Q4_1:
+        *lo = d * convert_float16(nib_lo(q)) + m;
+        *hi = d * convert_float16(nib_hi(q)) + m;
+        break;
+    case TYPE_Q5_0:
+        *lo = d * convert_float16((nib_lo(q) | bits16(qh, 0)) - 16);
+        *hi = d * convert_float16((nib_hi(q) | bits16(qh, 16)) - 16);
+        break;
+    case TYPE_Q5_1:
+        *lo = d * convert_float16(nib_lo(q) | bits16(qh, 0)) + m;
+        *hi = d * convert_float16(nib_hi(q) | bits16(qh, 16)) + m;
+        break;
+    case TYPE_Q8_0:
+        *lo = convert_float16(as_char16(q)) * d;
+        *hi = convert_float16(as_char16(q2)) * d;
+        break;
     }
+}
+
+/* the block at b (GGUF layout: d, [m], [qh], quants), scales given */
+KV_INL void deq32s(const int type, const global uchar *b, float d, float m, float16 *lo, float16 *hi) {
+    const int o = (has_min32(type) ? 4 : 2) + (five32(type) ? 4 : 0); /* the quants */
+    const uint qh = five32(type) ? as_uint(vload4(0, b + o - 4)) : 0u;
+    deq32v(type, vload16(0, b + o), type == TYPE_Q8_0 ? vload16(0, b + o + 16) : (uchar16)0, qh, d, m, lo, hi);
 }
 
 KV_INL void deq32_q(const int type, const global uchar *b, float16 *lo, float16 *hi) {
     deq32s(type, b, f16_at(b, 0), has_min32(type) ? f16_at(b, 2) : 0.0f, lo, hi);
+}
+
+/* block b of a packed row of nb blocks (the integer kernels' layout above) */
+KV_INL void deq32_packed(const int type, const global uchar *row, int nb, int b, float16 *lo, float16 *hi) {
+    const int l = b % 8, n = min(8, nb - (b - l)), sb = has_min32(type) ? 4 : 2, hb = five32(type) ? 4 : 0;
+    const global uchar *p = row + bytes32(type) * (b - l), *q = p + n * (sb + hb) + 4 * l;
+    const float d = f16_at(p, 2 * l), m = has_min32(type) ? f16_at(p, 2 * n + 2 * l) : 0.0f;
+    const uint qh = hb ? as_uint(vload4(0, p + sb * n + 4 * l)) : 0u;
+    const int w = 4 * n; /* bytes a word */
+    const uchar16 q1 = (uchar16)(vload4(0, q), vload4(0, q + w), vload4(0, q + 2 * w), vload4(0, q + 3 * w));
+    uchar16 q2 = (uchar16)0;
+    if (type == TYPE_Q8_0) q2 = (uchar16)(vload4(0, q + 4 * w), vload4(0, q + 5 * w), vload4(0, q + 6 * w), vload4(0, q + 7 * w));
+    deq32v(type, q1, q2, qh, d, m, lo, hi);
 }
 
 /* f16_bits for 16 values at once */

@@ -236,11 +236,12 @@ KV_INL void tiled_pair(const int type, GEMV_PARAMS, int T) {
 }
 
 /* item (b, i): block b (deq_block) of output row i (b == cols / 32: the
- * tail of a float row). The source row is first + i, or with ids, ids[i] -
+ * tail of a float row; packed: the row in the integer kernels' layout,
+ * blocks.cl). The source row is first + i, or with ids, ids[i] -
  * row0 when that falls in this part [row0, row0 + rows) (otherwise another
  * launch writes the row). out(n, cols) row stride ldo. */
 KV_INL void deq(const int type, global const uchar *W, ulong row_bytes, int rows, int cols,
-                global const int *ids, int row0, int first, global float *out, ulong ooff, int ldo) {
+                global const int *ids, int row0, int first, global float *out, ulong ooff, int ldo, int packed) {
     const int b = get_global_id(0), i = get_global_id(1), be = block_elems(type);
     if (b >= (cols + be - 1) / be) return; /* the global size is rounded up */
     int r = first + i;
@@ -252,7 +253,8 @@ KV_INL void deq(const int type, global const uchar *W, ulong row_bytes, int rows
     global float *o = out + ooff + (ulong)i * ldo;
     if (b < cols / be) {
         float16 v[16];
-        deq_block(type, w, b, v);
+        if (quant32(type) && packed) deq32_packed(type, w, cols / 32, b, &v[0], &v[1]); /* the integer kernels' layout */
+        else deq_block(type, w, b, v);
 #pragma unroll
         for (int k = 0; k < 16; k++)
             if (k < be / 16) vstore16(v[k], 0, o + be * b + 16 * k);
@@ -266,8 +268,8 @@ KV_INL void deq(const int type, global const uchar *W, ulong row_bytes, int rows
 #define GEMV_ARGS W, row_bytes, rows, cols, x, xoff, y, yoff, ldy, bias, row0
 #define DEQ_PARAMS                                                                       \
     global const uchar *W, ulong row_bytes, int rows, int cols, global const int *ids, int row0, \
-        int first, global float *out, ulong ooff, int ldo
-#define DEQ_ARGS W, row_bytes, rows, cols, ids, row0, first, out, ooff, ldo
+        int first, global float *out, ulong ooff, int ldo, int packed
+#define DEQ_ARGS W, row_bytes, rows, cols, ids, row0, first, out, ooff, ldo, packed
 
 #define MATMUL_KERNELS(name, TYPE)                                                         \
     kernel void gemv_##name(GEMV_PARAMS) { gemv(TYPE, GEMV_ARGS); }                        \

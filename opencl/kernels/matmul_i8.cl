@@ -1,28 +1,32 @@
 /*
  * matmul_i8.cl — products with Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights by
- * integer dot products, on
- * drivers that compile for x86 with AVX2 (PoCL and other CPU drivers): the
- * activations quantized to 8 bits per block of 32, as the CPU engine does,
- * and 32 byte products summed by pmaddubsw / pmaddwd. A float kernel spends
- * a dozen vector instructions to decode and multiply a block; this takes
- * about four. Elsewhere (GPUs, other CPUs, the portable build) KV_INT_DOT is
- * 0, the kernels below are empty and the host uses matmul.cl's float
- * kernels (int_dot_caps tells it which).
+ * integer dot products, on drivers that compile for x86 with AVX2 (PoCL
+ * and other CPU drivers): the activations quantized to 8 bits per block of
+ * 32, as the CPU engine does, and byte products summed by vpdpbusd (where
+ * the CPU has AVX512-VNNI) or pmaddubsw / pmaddwd. Weights and records are
+ * both laid out in lanes of 8 blocks (blocks.cl: the host packs the
+ * weights at upload), so a 32-byte vector holds 4 bytes of 8 blocks and
+ * the sums of block l stay in lane l: a group of 8 blocks costs 8 integer
+ * dot instructions and one float step, with no gathers and no shuffles.
+ * Elsewhere (GPUs, other CPUs, the portable build) KV_INT_DOT is 0, the
+ * kernels below are empty and the host uses matmul.cl's float kernels
+ * (int_dot_caps tells it which).
  *
  *   quant_x      x(T, cols) -> a record of I8_RECORD nbx bytes per token
  *                (the layout: blocks.cl), where no kernel wrote them with x.
  *   gemv_i8_<t>  decode, one item per (row, token) as gemv_<t>.
  *   gemv3_i8_<t> up to three weights of one input, as gemv3_<t>.
- *   tiled_i8_<t> prefill, one item per (row, 8 tokens): each pair of weight
- *                blocks unpacked once for the 8 tokens.
+ *   tiled_i8_<t> prefill, one item per (row, 8 tokens): each group of
+ *                weight blocks unpacked once for the 8 tokens.
+ *   gemv_act_i8_<t>, gemv_i8_norm_<t>: one token's product with the next
+ *                op (below).
  *
- * The order of the float sums, shared by all three (a token gets the same
- * bits from each): a pair's eight integer sums (four lanes a block) times
- * (weight d) * (x d) into chain (pair % 2) by fma; the corrections for the
- * weights' offset (Q4_0: -8 d, Q5_0: -16 d) or min (Q4_1, Q5_1: m) as a
- * 16-lane fma chain of (d or m) * (x d * sum q) over groups of 16 blocks;
- * the result: the lane sum of chain 0 + chain 1, plus the correction's
- * lane sum (times -8 or -16 for the offsets), plus the bias.
+ * The order of the float sums, shared by all (a token gets the same bits
+ * from each): per group g of 8 blocks, lane l (block 8 g + l) with I its
+ * exact integer sum, a chain a = fma(d, I * (x d), a) over the groups, and
+ * for the weights' offset (Q4_0: -8 d, Q5_0: -16 d) or min (Q4_1, Q5_1: m)
+ * a chain c = fma(d or m, x d * sum q, c); the result: the lane sum of a,
+ * plus the lane sum of c (times -8 or -16 for the offsets), plus the bias.
  */
 
 /* the compiler's own x86 builtins: only where it says it has them */
@@ -47,7 +51,7 @@ kernel void int_dot_caps(global int *out) { out[0] = KV_INT_DOT; }
 /* token t's quants, scales and sums */
 #define I8_Q(t) (xr + (ulong)(t) * nbx * I8_RECORD)
 #define I8_D(t) ((const global float *)(I8_Q(t) + 32 * nbx))
-#define I8_S(t) ((const global float *)(I8_Q(t) + 48 * nbx))
+#define I8_S(t) ((const global float *)(I8_Q(t) + 36 * nbx))
 
 /* item (p, t): blocks 2 p and 2 p + 1 of token t's record */
 kernel void quant_x(global const float *x, ulong xoff, int cols, global char *xr, int nbx) {
@@ -61,52 +65,106 @@ kernel void quant_x(global const float *x, ulong xoff, int cols, global char *xr
 }
 
 #if KV_INT_DOT
-/* the fifth bits of 16 elements (bits lo .. lo + 15 of qh) as bytes 0 or
- * 16: each byte of qh spread over eight lanes and tested by a bit mask */
-KV_INL char16 fifth_bits(uint qh, uint lo) {
-    const uchar b0 = (uchar)(qh >> lo), b1 = (uchar)(qh >> (lo + 8));
-    const uchar16 spread = (uchar16)(b0, b0, b0, b0, b0, b0, b0, b0, b1, b1, b1, b1, b1, b1, b1, b1);
-    const uchar16 bit = (uchar16)(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
-    return ((spread & bit) != (uchar16)0) & (char16)16;
+/* acc + the sums of 4 byte products u (unsigned) x (signed) per 32-bit
+ * lane: vpdpbusd where the host found it (KVCL_VNNI: the CPU that runs
+ * this driver has AVX512-VNNI and AVX512-VL; the compiler may not know
+ * it, so it is written out), else pmaddubsw + pmaddwd. The same integer
+ * sums either way: a pair of products (<= 2 * 128 * 127) fits pmaddubsw's
+ * 16 bits. */
+KV_INL int8 dot4(int8 acc, kv_c32 u, kv_c32 x) {
+#ifdef KVCL_VNNI
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(x));
+    return acc;
+#else
+    return acc + as_int8(__builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(u, x), (kv_s16)1));
+#endif
 }
 
-/* a pair of weight blocks (w1 may be w0 again for a lone last block, its x
- * all 0) as the byte vectors of pmaddubsw's unsigned operand: Q4's nibbles
- * and Q5's five-bit values (u: first halves, v: second halves), Q8_0's
- * absolute values, sign sources in s, t (Q8_0) */
-KV_INL void unpack_pair(const int type, const global uchar *w0, const global uchar *w1, kv_c32 *u, kv_c32 *v,
-                        kv_c32 *s, kv_c32 *t) {
-    if (type == TYPE_Q8_0) {
-        kv_c32 a, b;
-        a.lo = as_char16(vload16(0, w0 + 2)), a.hi = as_char16(vload16(0, w1 + 2));
-        b.lo = as_char16(vload16(0, w0 + 18)), b.hi = as_char16(vload16(0, w1 + 18));
-        *s = a, *t = b;
-        *u = __builtin_ia32_psignb256(a, a), *v = __builtin_ia32_psignb256(b, b); /* |w| (-128 stays 0x80 = 128) */
-    } else {
-        const int o = bytes32(type) - 16; /* the nibbles end the block */
-        kv_c32 n;
-        n.lo = as_char16(vload16(0, w0 + o)), n.hi = as_char16(vload16(0, w1 + o));
-        *u = n & (char)15, *v = (n >> (char)4) & (char)15;
-        if (type == TYPE_Q5_0 || type == TYPE_Q5_1) {
-            const uint h0 = as_uint(vload4(0, w0 + o - 4)), h1 = as_uint(vload4(0, w1 + o - 4));
-            kv_c32 hu, hv;
-            hu.lo = fifth_bits(h0, 0), hu.hi = fifth_bits(h1, 0);
-            hv.lo = fifth_bits(h0, 16), hv.hi = fifth_bits(h1, 16);
-            *u |= hu, *v |= hv;
+/* 32 bytes at p (any alignment) */
+typedef char kv_c32u __attribute__((ext_vector_type(32), aligned(1)));
+KV_INL kv_c32 load32(const global uchar *p) { return *(const global kv_c32u *)p; }
+
+/* lanes 0 .. n - 1 of a group's word at p (4 n bytes), 0 past n (no byte
+ * past the word is read: n a literal 8 is one load) */
+KV_INL kv_c32 word_lanes(const global uchar *p, const int n) {
+    if (n == 8) return load32(p);
+    uint8 v = 0;
+#pragma unroll
+    for (int l = 0; l < 8; l++)
+        if (l < n) ((uint *)&v)[l] = as_uint(vload4(l, p));
+    return __builtin_astype(v, kv_c32);
+}
+
+/* the n f16 values at p as lanes 0 .. n - 1, 0 past n */
+KV_INL float8 half_lanes(const global uchar *p, const int n) {
+    if (n == 8) { /* PoCL's vload_half8 assumes 16-byte alignment: through a private copy */
+        const uchar16 h = vload16(0, p);
+        return vload_half8(0, (const private half *)&h);
+    }
+    float8 v = 0.0f;
+#pragma unroll
+    for (int l = 0; l < 8; l++)
+        if (l < n) ((float *)&v)[l] = vload_half(l, (const global half *)p);
+    return v;
+}
+
+/* 0 or 16 in byte i of lane l: bit s + i of lane l's fifth bits h (i < 4) */
+KV_INL kv_c32 fifth_lanes(uint8 h, uint s) {
+    const uint8 t = (h >> s) & 0xFu; /* bit i to bit 8 i, 0 or 1 a byte */
+    return __builtin_astype(((t * 0x00204081u) & 0x01010101u) << 4, kv_c32);
+}
+
+/* Group g (n <= 8 blocks: a literal) of the packed row w (blocks.cl) for
+ * nt tokens: token k's integer sums into I[k] (lane l: block 8 g + l)
+ * against its record's quants xq[k]; *d the blocks' scales, *m their
+ * mins (Q4_1, Q5_1). The weight words unpacked once for all nt. */
+KV_INL void group_dot(const int type, const global uchar *w, int g, const int n, const int nt,
+                      const global char *const *xq, float8 *d, float8 *m, int8 *I) {
+    const int sb = has_min32(type) ? 4 : 2, hb = five32(type) ? 4 : 0;
+    const global uchar *p = w + bytes32(type) * 8 * g, *q = p + n * (sb + hb);
+    *d = half_lanes(p, n);
+    *m = has_min32(type) ? half_lanes(p + 2 * n, n) : 0.0f;
+    const uint8 h = hb ? as_uint8(word_lanes(p + sb * n, n)) : (uint8)0;
+    for (int k = 0; k < nt; k++) I[k] = 0;
+    if (type == TYPE_Q8_0) { /* |w| against x with w's sign */
+#pragma unroll
+        for (int v = 0; v < 8; v++) {
+            const kv_c32 s = word_lanes(q + 4 * n * v, n), u = __builtin_ia32_psignb256(s, s);
+            for (int k = 0; k < nt; k++) {
+                const kv_c32 x = *(const global kv_c32 *)(xq[k] + 256 * g + 32 * v);
+                I[k] = dot4(I[k], u, __builtin_ia32_psignb256(x, s));
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int v = 0; v < 4; v++) { /* word v: elements 4 v .. 4 v + 3 (low nibbles), 16 + 4 v .. (high) */
+        const kv_c32 b = word_lanes(q + 4 * n * v, n);
+        kv_c32 lo = b & (char)15, hi = (b >> (char)4) & (char)15;
+        if (hb) lo |= fifth_lanes(h, 4 * v), hi |= fifth_lanes(h, 16 + 4 * v);
+        for (int k = 0; k < nt; k++) {
+            const global kv_c32 *x = (const global kv_c32 *)(xq[k] + 256 * g);
+            I[k] = dot4(dot4(I[k], lo, x[v]), hi, x[4 + v]);
         }
     }
 }
 
-/* the pair's eight integer sums against the quantized x at xp (64 bytes) */
-KV_INL int8 dot_pair(const int type, kv_c32 u, kv_c32 v, kv_c32 s, kv_c32 t, const global char *xp) {
-    const kv_c32 xa = *(const global kv_c32 *)xp, xb = *(const global kv_c32 *)(xp + 32);
-    if (type == TYPE_Q8_0) { /* |w| x sign(w): two pmaddubsw sums may pass 16 bits, so widen each */
-        const kv_s16 pa = __builtin_ia32_pmaddubsw256(u, __builtin_ia32_psignb256(xa, s));
-        const kv_s16 pb = __builtin_ia32_pmaddubsw256(v, __builtin_ia32_psignb256(xb, t));
-        return as_int8(__builtin_ia32_pmaddwd256(pa, (kv_s16)1)) + as_int8(__builtin_ia32_pmaddwd256(pb, (kv_s16)1));
+/* Group g of row w for nt tokens (records xq, xd, xs) into their chains:
+ * lane by lane a[k] = fma(d, I * x d, a[k]) and the correction chain
+ * c[k] = fma(d or m, x d * sum q, c[k]) (i8_result ends them). */
+KV_INL void group_i8(const int type, const global uchar *w, int g, const int n, const int nt,
+                     const global char *const *xq, const global float *const *xd, const global float *const *xs,
+                     float8 *a, float8 *c) {
+    /* two groups ahead into the cache (past the row: the next item's row; a prefetch never faults) */
+#pragma unroll
+    for (int l = 0; l < 8 * bytes32(type); l += 64) __builtin_prefetch(w + bytes32(type) * 8 * (g + 2) + l);
+    float8 d, m;
+    int8 I[MM_TOKENS];
+    group_dot(type, w, g, n, nt, xq, &d, &m, I);
+    for (int k = 0; k < nt; k++) {
+        a[k] = fma(d, convert_float8(I[k]) * vload8(g, xd[k]), a[k]);
+        if (type != TYPE_Q8_0) c[k] = fma(has_min32(type) ? m : d, vload8(g, xs[k]), c[k]);
     }
-    const kv_s16 p = __builtin_ia32_pmaddubsw256(u, xa) + __builtin_ia32_pmaddubsw256(v, xb); /* <= 4 * 31 * 127 */
-    return as_int8(__builtin_ia32_pmaddwd256(p, (kv_s16)1));
 }
 
 /* sum of the 8 lanes */
@@ -116,77 +174,34 @@ KV_INL float hsum8(float8 v) {
     return c.x + c.y;
 }
 
-/* lanes j, j + 1 of d, four times each (one vector permute) */
-KV_INL float8 pair_scales(float16 d, int j) { return shuffle(d, (uint8)j + (uint8)(0, 0, 0, 0, 1, 1, 1, 1)); }
-
-/* the result from the chains and the correction chain */
-KV_INL float i8_result(const int type, float8 a0, float8 a1, float16 c) {
-    const float s = hsum8(a0 + a1);
-    return type == TYPE_Q4_0 ? s - 8.0f * hsum16(c) : type == TYPE_Q5_0 ? s - 16.0f * hsum16(c)
-                             : has_min32(type) ? s + hsum16(c) : s;
+/* the result from the chain a and the correction chain c: the offsets of
+ * Q4_0 (-8 d) and Q5_0 (-16 d) or the min (Q4_1, Q5_1) */
+KV_INL float i8_result(const int type, float8 a, float8 c) {
+    const float s = hsum8(a);
+    return type == TYPE_Q4_0 ? s - 8.0f * hsum8(c) : type == TYPE_Q5_0 ? s - 16.0f * hsum8(c)
+                             : has_min32(type) ? s + hsum8(c) : s;
 }
 
-/* blocks b, b + 1 of row w (dw: their scales, four lanes each; without a
- * second block, b again with scale 0 against x's zero block) for nt
- * tokens into token k's chain a[k] (a0 or a1: (b / 2) % 2, a literal at
- * every call, or the chains would live in memory), against its record's
- * quants xq[k] and scales xd[k]; the weight blocks unpacked once for all nt */
-KV_INL void pair_i8(const int type, const global uchar *w, int b, bool two, float8 dw, const int nt,
-                    const global char *const *xq, const global float *const *xd, float8 *a) {
-    const global uchar *w0 = w + bytes32(type) * b, *w1 = two ? w0 + bytes32(type) : w0;
-    kv_c32 u, v, s, t;
-    unpack_pair(type, w0, w1, &u, &v, &s, &t);
-#pragma unroll
-    for (int k = 0; k < nt; k++) {
-        const float8 sc = dw * vload8(0, xd[k] + 4 * b);
-        const float8 f = convert_float8(dot_pair(type, u, v, s, t, xq[k] + 32 * b));
-        a[k] = fma(sc, f, a[k]);
-    }
-}
-
-/* the start of the group of n <= I8_GROUP blocks from b of row w for nt
- * tokens: its scales (returned) and each token's correction chain c[k]
- * against its sums xs[k] */
-KV_INL float16 group_start(const int type, const global uchar *w, int b, int n, const int nt,
-                           const global float *const *xs, float16 *c) {
-    float16 d, m;
-    scales16v(type, w + bytes32(type) * b, n, &d, &m);
-    if (type != TYPE_Q8_0)
-        for (int k = 0; k < nt; k++) c[k] = fma(has_min32(type) ? m : d, vload16(0, xs[k] + b), c[k]);
-    return d;
-}
-
-/* the n <= I8_GROUP blocks from b (a multiple of I8_GROUP) of row w for
- * one token (record xq, xd, xs), pair by pair (pair_i8), and its
- * correction chain c. For whole groups n is a literal: the guards fold
- * away and the pairs unroll (scalar scale gathers and a loop per pair held
- * the GEMV to two thirds). */
-KV_INL void group_i8(const int type, const global uchar *w, int b, int n, const global char *const *xq,
-                     const global float *const *xd, const global float *const *xs, float8 *a0, float8 *a1,
-                     float16 *c) {
-    /* the group after next into the cache (past the row: the next item's
-     * row; a prefetch never faults): the scale gathers waited on memory */
-#pragma unroll
-    for (int l = 0; l < I8_GROUP * bytes32(type); l += 64) __builtin_prefetch(w + bytes32(type) * (b + 2 * I8_GROUP) + l);
-    const float16 d = group_start(type, w, b, n, 1, xs, c);
-#pragma unroll
-    for (int j = 0; j < I8_GROUP; j += 2)
-        if (j < n)
-            pair_i8(type, w, b + j, j + 1 < n, pair_scales(d, j), 1, xq, xd, (j / 2) % 2 ? a1 : a0);
+/* a row w of nb blocks against nt tokens' records into a[k], c[k]: whole
+ * groups, then the last one with a literal size where rows often end so
+ * (576 = 16 + 2 blocks, 640 = 16 + 4, 960 = 24 + 6) */
+KV_INL void row_i8(const int type, const global uchar *w, int nb, const int nt, const global char *const *xq,
+                   const global float *const *xd, const global float *const *xs, float8 *a, float8 *c) {
+    for (int k = 0; k < nt; k++) a[k] = c[k] = 0.0f;
+    const int g = nb / 8, n = nb % 8;
+    for (int j = 0; j < g; j++) group_i8(type, w, j, 8, nt, xq, xd, xs, a, c);
+    if (n == 2) group_i8(type, w, g, 2, nt, xq, xd, xs, a, c);
+    else if (n == 4) group_i8(type, w, g, 4, nt, xq, xd, xs, a, c);
+    else if (n == 6) group_i8(type, w, g, 6, nt, xq, xd, xs, a, c);
+    else if (n) group_i8(type, w, g, n, nt, xq, xd, xs, a, c);
 }
 
 /* dot(row w of nb blocks, a token's record xq, xd, xs) in the shared order */
 KV_INL float row_dot_i8(const int type, const global uchar *w, int nb, const global char *xq,
                         const global float *xd, const global float *xs) {
-    float8 a0 = 0.0f, a1 = 0.0f;
-    float16 c = 0.0f;
-    int b = 0;
-    for (; b + I8_GROUP <= nb; b += I8_GROUP) group_i8(type, w, b, I8_GROUP, &xq, &xd, &xs, &a0, &a1, &c);
-    /* the last group: a literal size where rows often end so (576 = 16 + 2 blocks; 640, 1152: 4) */
-    if (b + 2 == nb) group_i8(type, w, b, 2, &xq, &xd, &xs, &a0, &a1, &c);
-    else if (b + 4 == nb) group_i8(type, w, b, 4, &xq, &xd, &xs, &a0, &a1, &c);
-    else if (b < nb) group_i8(type, w, b, nb - b, &xq, &xd, &xs, &a0, &a1, &c);
-    return i8_result(type, a0, a1, c);
+    float8 a, c;
+    row_i8(type, w, nb, 1, &xq, &xd, &xs, &a, &c);
+    return i8_result(type, a, c);
 }
 #endif
 
@@ -278,37 +293,22 @@ KV_INL void gemv3_i8(const int type, GEMV3_I8_PARAMS) {
 }
 
 /* item (r, tb): tokens MM_TOKENS tb .. (< T) of row r, row_dot_i8's order
- * for each; tokens past T read token T - 1 and are not stored */
+ * for each (each weight group unpacked once for the 8); tokens past T
+ * read token T - 1 and are not stored */
 KV_INL void tiled_i8(const int type, GEMV_I8_PARAMS, int T) {
 #if KV_INT_DOT
     const int r = get_global_id(0), t0 = get_global_id(1) * MM_TOKENS;
     if (r >= rows) return;
-    const global uchar *w = W + r * row_bytes;
-    const int nb = cols / 32;
     const global char *xq[MM_TOKENS];
     const global float *xd[MM_TOKENS], *xs[MM_TOKENS];
     for (int k = 0; k < MM_TOKENS; k++) {
         const int t = min(t0 + k, T - 1);
         xq[k] = I8_Q(t), xd[k] = I8_D(t), xs[k] = I8_S(t);
     }
-    float8 a0[MM_TOKENS], a1[MM_TOKENS];
-    float16 c[MM_TOKENS];
-    for (int k = 0; k < MM_TOKENS; k++) a0[k] = a1[k] = 0.0f, c[k] = 0.0f;
-    for (int b = 0; b < nb; b += I8_GROUP) { /* group_i8's steps for 8 tokens, the pairs not unrolled */
-        const int n = min(I8_GROUP, nb - b);
-        const float16 d = group_start(type, w, b, n, MM_TOKENS, xs, c);
-        float8 dw[I8_GROUP / 2]; /* the pairs' scales by literal permutes (a variable one is lane by lane) */
-#pragma unroll
-        for (int j = 0; j < I8_GROUP; j += 2) dw[j / 2] = pair_scales(d, j);
-        for (int j = 0; j < I8_GROUP; j += 4) { /* a pair for each chain */
-            if (j >= n) break;
-            pair_i8(type, w, b + j, j + 1 < n, dw[j / 2], MM_TOKENS, xq, xd, a0);
-            if (j + 2 >= n) break;
-            pair_i8(type, w, b + j + 2, j + 3 < n, dw[j / 2 + 1], MM_TOKENS, xq, xd, a1);
-        }
-    }
+    float8 a[MM_TOKENS], c[MM_TOKENS];
+    row_i8(type, W + r * row_bytes, cols / 32, MM_TOKENS, xq, xd, xs, a, c);
     for (int k = 0; k < MM_TOKENS && t0 + k < T; k++) {
-        const float s = i8_result(type, a0[k], a1[k], c[k]);
+        const float s = i8_result(type, a[k], c[k]);
         y[yoff + (ulong)(t0 + k) * ldy + row0 + r] = bias ? s + bias[row0 + r] : s;
     }
 #endif
