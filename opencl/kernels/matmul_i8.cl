@@ -117,7 +117,10 @@ KV_INL kv_c32 fifth_lanes(uint8 h, uint s) {
 /* Group g (n <= 8 blocks: a literal) of the packed row w (blocks.cl) for
  * nt tokens: token k's integer sums into I[k] (lane l: block 8 g + l)
  * against its record's quants xq[k]; *d the blocks' scales, *m their
- * mins (Q4_1, Q5_1). The weight words unpacked once for all nt. */
+ * mins (Q4_1, Q5_1). The weight words unpacked once for all nt. One
+ * token takes two accumulators (J: the high nibbles, or Q8_0's odd words),
+ * or its eight vpdpbusd would each wait on the last; several tokens' are
+ * independent already (and more would not fit the registers). */
 KV_INL void group_dot(const int type, const global uchar *w, int g, const int n, const int nt,
                       const global char *const *xq, float8 *d, float8 *m, int8 *I) {
     const int sb = has_min32(type) ? 4 : 2, hb = five32(type) ? 4 : 0;
@@ -125,28 +128,33 @@ KV_INL void group_dot(const int type, const global uchar *w, int g, const int n,
     *d = half_lanes(p, n);
     *m = has_min32(type) ? half_lanes(p + 2 * n, n) : 0.0f;
     const uint8 h = hb ? as_uint8(word_lanes(p + sb * n, n)) : (uint8)0;
-    for (int k = 0; k < nt; k++) I[k] = 0;
+    int8 J[MM_TOKENS];
+    for (int k = 0; k < nt; k++) I[k] = J[k] = 0;
     if (type == TYPE_Q8_0) { /* |w| against x with w's sign */
 #pragma unroll
         for (int v = 0; v < 8; v++) {
             const kv_c32 s = word_lanes(q + 4 * n * v, n), u = __builtin_ia32_psignb256(s, s);
             for (int k = 0; k < nt; k++) {
-                const kv_c32 x = *(const global kv_c32 *)(xq[k] + 256 * g + 32 * v);
-                I[k] = dot4(I[k], u, __builtin_ia32_psignb256(x, s));
+                const kv_c32 x = __builtin_ia32_psignb256(*(const global kv_c32 *)(xq[k] + 256 * g + 32 * v), s);
+                if (nt == 1 && v % 2) J[k] = dot4(J[k], u, x);
+                else I[k] = dot4(I[k], u, x);
             }
         }
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int v = 0; v < 4; v++) { /* word v: elements 4 v .. 4 v + 3 (low nibbles), 16 + 4 v .. (high) */
-        const kv_c32 b = word_lanes(q + 4 * n * v, n);
-        kv_c32 lo = b & (char)15, hi = (b >> (char)4) & (char)15;
-        if (hb) lo |= fifth_lanes(h, 4 * v), hi |= fifth_lanes(h, 16 + 4 * v);
-        for (int k = 0; k < nt; k++) {
-            const global kv_c32 *x = (const global kv_c32 *)(xq[k] + 256 * g);
-            I[k] = dot4(dot4(I[k], lo, x[v]), hi, x[4 + v]);
+        for (int v = 0; v < 4; v++) { /* word v: elements 4 v .. 4 v + 3 (low nibbles), 16 + 4 v .. (high) */
+            const kv_c32 b = word_lanes(q + 4 * n * v, n);
+            kv_c32 lo = b & (char)15, hi = (b >> (char)4) & (char)15;
+            if (hb) lo |= fifth_lanes(h, 4 * v), hi |= fifth_lanes(h, 16 + 4 * v);
+            for (int k = 0; k < nt; k++) {
+                const global kv_c32 *x = (const global kv_c32 *)(xq[k] + 256 * g);
+                I[k] = dot4(I[k], lo, x[v]);
+                if (nt == 1) J[k] = dot4(J[k], hi, x[4 + v]);
+                else I[k] = dot4(I[k], hi, x[4 + v]);
+            }
         }
     }
+    if (nt == 1) I[0] += J[0];
 }
 
 /* Group g of row w for nt tokens (records xq, xd, xs) into their chains:
