@@ -105,7 +105,8 @@ static bool host_vnni(const kvcl_ctx *c) {
 #endif
 }
 
-static void build_options(const kvcl_ctx *c, const kvcl_options *o, char *out, size_t cap) {
+/* the build options; vnni: KVCL_VNNI where host_vnni allows it */
+static void build_options(const kvcl_ctx *c, const kvcl_options *o, bool vnni, char *out, size_t cap) {
     cl_device_fp_config fp = 0;
     clGetDeviceInfo(c->dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
     /* correctly rounded x / y and sqrt: the Q8_0 scales and RMS factors
@@ -113,7 +114,7 @@ static void build_options(const kvcl_ctx *c, const kvcl_options *o, char *out, s
     snprintf(out, cap, "-cl-std=CL1.2%s%s%s%s",
              (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
              o->portable ? " -DKVCL_PORTABLE" : "", o->no_fp64 ? " -DKVCL_NO_FP64" : "",
-             !o->portable && !o->no_vnni && host_vnni(c) ? " -DKVCL_VNNI" : "");
+             vnni && !o->portable && !o->no_vnni && host_vnni(c) ? " -DKVCL_VNNI" : "");
 }
 
 /* ==== cache files ============================================================ */
@@ -252,15 +253,11 @@ static unsigned char *program_binary(kvcl_ctx *c, size_t *n) {
     return NULL;
 }
 
-kv_status kvcl_program_load(kvcl_ctx *c, const kvcl_options *o, kv_error *e) {
-    if (sodium_init() < 0) return kv_fail(e, KV_ERR_UNSUPPORTED, "libsodium failed to initialize");
-    char options[256], path[1200];
+/* the program built with these options: from the cache, else from source (then cached) */
+static kv_status load_built(kvcl_ctx *c, const kvcl_options *o, const char *options, kv_error *e) {
+    char path[1200];
     unsigned char key[KEY_BYTES];
-    build_options(c, o, options, sizeof options);
-    c->vnni = strstr(options, "-DKVCL_VNNI") != NULL;
     program_key(c->dev, options, o->extra_source, key);
-    device_key(c->dev, c->dev_key);
-    cache_dir(c, o);
     if (c->cache_dir[0]) {
         cache_file(c, key, ".bin", path, sizeof path);
         size_t n = 0;
@@ -276,4 +273,21 @@ kv_status kvcl_program_load(kvcl_ctx *c, const kvcl_options *o, kv_error *e) {
     if (bin) cache_write(path, key, bin, n);
     free(bin);
     return KV_OK;
+}
+
+kv_status kvcl_program_load(kvcl_ctx *c, const kvcl_options *o, kv_error *e) {
+    if (sodium_init() < 0) return kv_fail(e, KV_ERR_UNSUPPORTED, "libsodium failed to initialize");
+    char options[256];
+    build_options(c, o, true, options, sizeof options);
+    c->vnni = strstr(options, "-DKVCL_VNNI") != NULL;
+    device_key(c->dev, c->dev_key);
+    cache_dir(c, o);
+    kv_status st = load_built(c, o, options, e);
+    if (st != KV_OK && c->vnni) { /* a compiler that does not take vpdpbusd: the kernels without it */
+        if (c->prog) clReleaseProgram(c->prog);
+        c->prog = NULL, c->vnni = false;
+        build_options(c, o, false, options, sizeof options);
+        st = load_built(c, o, options, e);
+    }
+    return st;
 }

@@ -178,8 +178,9 @@ int main(int argc, char **argv) {
     kv_pool *pool;
     if (kv_pool_create(kv_physical_cores(), &pool, &g_err) != KV_OK) die("pool");
     const kvcl_device_info *d = kvcl_ctx_device(c);
-    printf("device %d: %s (%s); CPU engine: %s on %d threads\n", device, d->name, d->platform, kv_simd_name(),
-           kv_pool_size(pool));
+    printf("device %d: %s (%s), %s; CPU engine: %s on %d threads\n", device, d->name, d->platform,
+           kvcl_ctx_vnni(c) ? "integer kernels with vpdpbusd" : kvcl_ctx_int_dot(c) ? "integer kernels" : "float kernels",
+           kv_simd_name(), kv_pool_size(pool));
     bench_launch(c);
 
     static const int64_t shapes[][2] = {{8192, 2048}, {1536, 576}}; /* Llama-3.2-1B FFN up, SmolLM2-135M FFN up */

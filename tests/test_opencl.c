@@ -179,6 +179,12 @@ static void test_open_errors(void) {
     kv_status st = kvcl_open(&o, &c, &g_err);
     report(st == KV_ERR_DEVICE && !c && strstr(g_err.msg, "build failed") && strstr(g_err.msg, "undeclared"),
            "build error: KV_ERR_DEVICE with the build log", "status %d: %s", st, g_err.msg);
+    /* a compiler that refuses the kernels with vpdpbusd: built again without it */
+    o = (kvcl_options){.cache_dir = "", .extra_source = "#ifdef KVCL_VNNI\n#error no vpdpbusd here\n#endif\n"};
+    st = kvcl_open(&o, &c, &g_err);
+    report(st == KV_OK && c && !kvcl_ctx_vnni(c),
+           "a build that fails with vpdpbusd: the kernels without it", "status %d: %s", st, st ? g_err.msg : "");
+    if (st == KV_OK) kvcl_close(c);
     o = (kvcl_options){.device = 99};
     st = kvcl_open(&o, &c, &g_err);
     report(st == KV_ERR_ARG && !c && strstr(g_err.msg, "no OpenCL device 99"), "device index out of range",
@@ -622,8 +628,8 @@ static void test_packed_rows(kvcl_ctx *c, const char *label) {
             if (st == KV_OK) get_floats(c, eo, 0, e, 3 * cols);
             for (int i = 0; st == KV_OK && i < 3; i++) bad += memcmp(e + i * cols, deq + ids[i] * cols, sizeof(float) * cols) != 0;
             char name[200];
-            snprintf(name, sizeof name, "%srows of %d blocks, %s (%lld rows, %s): tiled == GEMV bits, embed == kv_dequantize_row",
-                     label, nb, tname(type), (long long)rows, w.packed ? "packed" : "as stored");
+            snprintf(name, sizeof name, "%s%srows of %d blocks, %s (%lld rows, %s): tiled == GEMV bits, embed == kv_dequantize_row",
+                     label, label[0] ? ": " : "", nb, tname(type), (long long)rows, w.packed ? "packed" : "as stored");
             report(st == KV_OK && differ == 0 && bad == 0 && w.packed == kvcl_ctx_int_dot(c), name, "%s; %d outputs differ, %d embedded rows differ",
                    st ? g_err.msg : "", differ, bad);
             kvcl_weight_free(&w);
@@ -1518,7 +1524,7 @@ int main(void) {
     kvcl_options nov = {.cache_dir = g_cache, .no_vnni = true};
     kvcl_ctx *cv = open_ctx(&nov); /* the integer kernels' pmaddubsw sums where the CPU has vpdpbusd */
     report(!kvcl_ctx_vnni(cv), "no_vnni: the integer kernels without vpdpbusd", "it has them");
-    test_packed_rows(cv, "no vpdpbusd: ");
+    test_packed_rows(cv, "no vpdpbusd");
     test_matmul_on(cv, "no vpdpbusd", all_paths, 2, true);
     test_matmul_n(cv);
     kvcl_close(cv);
