@@ -342,7 +342,7 @@ static bool int_case(const kvcl_ctx *c, const mm_case *k) {
  * through 1 / d, d rounded to f16), each weight block taken apart into d,
  * quants and offset (Q4_0: -8 d, Q5_0: -16 d) or min (Q4_1, Q5_1); y = sum over blocks of
  * d dx sum(qw qx) + (offset or min) dx sum(qx). The device's float steps
- * (the scale products, the fma chains over pairs of blocks, the lane and
+ * (the scale products, the fma chains over groups of 8 blocks, the lane and
  * correction sums) stay within gamma(cols / 32 + 16) of mag. */
 static void ref_matmul_i8(int type, const uint8_t *bytes, int64_t rows, int64_t cols, const float *x, int64_t T,
                           const float *bias, double *y, double *mag) {
