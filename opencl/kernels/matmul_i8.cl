@@ -163,8 +163,8 @@ KV_INL void group_dot(const int type, const global uchar *w, int g, const int n,
 KV_INL void group_i8(const int type, const global uchar *w, int g, const int n, const int nt,
                      const global char *const *xq, const global float *const *xd, const global float *const *xs,
                      float8 *a, float8 *c) {
-    /* two groups ahead into the cache (past the row: the next item's row; a prefetch never faults) */
-#pragma unroll
+    /* two groups ahead into the cache (past the row: the next item's row; a prefetch never faults); a
+     * constant loop of 3 to 5, unrolled without asking (an unroll pragma here made the compiler warn) */
     for (int l = 0; l < 8 * bytes32(type); l += 64) __builtin_prefetch(w + bytes32(type) * 8 * (g + 2) + l);
     float8 d, m;
     int8 I[MM_TOKENS];
