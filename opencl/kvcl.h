@@ -73,9 +73,9 @@ void kvcl_close(kvcl_ctx *c); /* NULL is fine; free its buffers first */
 const kvcl_device_info *kvcl_ctx_device(const kvcl_ctx *c);
 /* True when the program came from the binary cache (no build from source). */
 bool kvcl_ctx_from_cache(const kvcl_ctx *c);
-/* Whether Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 products take the integer kernels (activations
- * quantized to 8 bits per block of 32, as the CPU engine does; matmul_i8.cl):
- * on x86 CPU drivers with AVX2, unless built portable. */
+/* Whether Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K products take the integer kernels
+ * (activations quantized to 8 bits per block of 32; matmul_i8.cl): on x86 CPU drivers
+ * with AVX2, unless built portable. */
 bool kvcl_ctx_int_dot(const kvcl_ctx *c);
 /* Whether those kernels sum bytes by vpdpbusd (a PoCL device on a CPU with AVX512-VNNI, not
  * turned off by no_vnni), else by pmaddubsw / pmaddwd: the same integer sums. */

@@ -109,8 +109,8 @@ static const struct {
 } k_types[] = {
     {KV_TYPE_F32, "f32", false},   {KV_TYPE_F16, "f16", false},   {KV_TYPE_BF16, "bf16", false},
     {KV_TYPE_Q4_0, "q4_0", true},  {KV_TYPE_Q4_1, "q4_1", true},  {KV_TYPE_Q5_0, "q5_0", true},
-    {KV_TYPE_Q5_1, "q5_1", true},  {KV_TYPE_Q8_0, "q8_0", true},  {KV_TYPE_Q4_K, "q4_k", false},
-    {KV_TYPE_Q5_K, "q5_k", false}, {KV_TYPE_Q6_K, "q6_k", false},
+    {KV_TYPE_Q5_1, "q5_1", true},  {KV_TYPE_Q8_0, "q8_0", true},  {KV_TYPE_Q4_K, "q4_k", true},
+    {KV_TYPE_Q5_K, "q5_k", true},  {KV_TYPE_Q6_K, "q6_k", false},
 };
 
 static kv_status kernel(kvcl_ctx *c, const char *name, cl_kernel *out, kv_error *e) {

@@ -31,7 +31,7 @@ extern const int kvcl_kernel_count;
 #define KVCL_XREC_SLOTS 4 /* row widths with records at once (n_embd, n_ff, attention's) */
 
 /* the kernels of one weight type (matmul.cl; the *_i8 ones matmul_i8.cl,
- * for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, NULL for the others) */
+ * for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K, NULL for the others) */
 typedef struct {
     cl_kernel gemv, gemv_wg, tiled, deq, gemv3;
     cl_kernel gemv_i8, gemv3_i8, tiled_i8, gemv_i8_norm, gemv_act_i8;

@@ -12,8 +12,9 @@
  * Prefill (T > 1) takes TILED or CLBLAST, whichever kvcl_prefill_choose
  * measured faster on the device (the choice is kept on disk next to the
  * program binaries). Where the program's integer kernels compute (x86 CPU
- * drivers: c->int_dot), Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 take them for GEMV
- * and TILED instead: x quantized per 32 into scratch (quant_x), then
+ * drivers: c->int_dot), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K take them
+ * for GEMV and TILED instead (their rows packed at upload: kvcl_weight.packed):
+ * x quantized per 32 into scratch (quant_x), then
  * gemv_i8 / gemv3_i8 / tiled_i8 (matmul_i8.cl). Weights split over several buffer parts are handled
  * part by part: each launch covers the part's rows, writing the outputs of
  * rows row0 .. row0 + rows - 1.
@@ -80,7 +81,33 @@ static void pack_row(int type, const uint8_t *src, int64_t nb, uint8_t *dst) {
     }
 }
 
-/* rows of data packed (pack_row) and written to b, some rows at a time */
+/* A Q4_K / Q5_K row of ns super-blocks in the integer kernels' layout
+ * (blocks.cl): per super-block d, dmin and the scales as they were, for
+ * Q5_K a 32-bit word of fifth bits per sub-block, then the nibbles of each
+ * sub-block as a Q4_0 block's (elements e and e + 16 in byte e), in 4-byte
+ * words, sub-block by sub-block. */
+static void pack_row_k(int type, const uint8_t *src, int64_t ns, uint8_t *dst) {
+    const bool five = type == KV_TYPE_Q5_K;
+    const size_t bs = five ? 176 : 144, qo = five ? 48 : 16;
+    for (int64_t s = 0; s < ns; s++) {
+        const uint8_t *b = src + (size_t)s * bs;
+        uint8_t *o = dst + (size_t)s * bs;
+        memcpy(o, b, 16);
+        for (int l = 0; l < 8; l++) {
+            if (five) { /* bit l of qh[e]: the fifth bit of element e of sub-block l */
+                uint32_t wd = 0;
+                for (int e = 0; e < 32; e++) wd |= (uint32_t)((b[16 + e] >> l) & 1) << e;
+                for (int k = 0; k < 4; k++) o[16 + 4 * l + k] = (uint8_t)(wd >> 8 * k);
+            }
+            const uint8_t *qs = b + qo + 32 * (l / 2); /* sub-blocks 2 i, 2 i + 1: low, high nibbles */
+            const int sh = 4 * (l % 2);
+            for (int e = 0; e < 16; e++)
+                o[qo + 32 * (e / 4) + 4 * l + e % 4] = (uint8_t)(((qs[e] >> sh) & 15) | ((qs[e + 16] >> sh) & 15) << 4);
+        }
+    }
+}
+
+/* rows of data packed (pack_row, pack_row_k) and written to b, some rows at a time */
 static kv_status write_packed(kvcl_ctx *c, int type, int64_t rows, int64_t cols, const uint8_t *data, size_t rb,
                               kvcl_buf *b, kv_error *e) {
     const int64_t per = (int64_t)((4u << 20) / rb) + 1;
@@ -89,7 +116,11 @@ static kv_status write_packed(kvcl_ctx *c, int type, int64_t rows, int64_t cols,
     kv_status st = KV_OK;
     for (int64_t r = 0; r < rows && st == KV_OK; r += per) {
         const int64_t n = rows - r < per ? rows - r : per;
-        for (int64_t i = 0; i < n; i++) pack_row(type, data + (size_t)(r + i) * rb, cols / 32, tmp + (size_t)i * rb);
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *src = data + (size_t)(r + i) * rb;
+            if (type == KV_TYPE_Q4_K || type == KV_TYPE_Q5_K) pack_row_k(type, src, cols / 256, tmp + (size_t)i * rb);
+            else pack_row(type, src, cols / 32, tmp + (size_t)i * rb);
+        }
         st = kvcl_write(c, b, (size_t)r * rb, tmp, (size_t)n * rb, e);
     }
     free(tmp);

@@ -334,7 +334,44 @@ typedef struct {
 static bool int_case(const kvcl_ctx *c, const mm_case *k) {
     return kvcl_ctx_int_dot(c) && k->path != KVCL_MM_CLBLAST &&
            (k->type == KV_TYPE_Q4_0 || k->type == KV_TYPE_Q4_1 || k->type == KV_TYPE_Q5_0 || k->type == KV_TYPE_Q5_1 ||
-            k->type == KV_TYPE_Q8_0);
+            k->type == KV_TYPE_Q8_0 || k->type == KV_TYPE_Q4_K || k->type == KV_TYPE_Q5_K);
+}
+
+/* Block b (32 elements) of a weight row taken apart as the integer
+ * kernels see it: the quants q (unsigned for the 4/5-bit formats), the
+ * scale d and the coefficient off of the block's sum of x (Q4_0 -8 d,
+ * Q5_0 -16 d, Q4_1 / Q5_1 m, Q4_K / Q5_K -dmin m: sub-block b % 8 of
+ * super-block b / 8, d sc and dmin m as float products) */
+static void i8_block(int type, const uint8_t *row, int64_t b, double *d, double *off, int q[32]) {
+    uint16_t h;
+    if (type == KV_TYPE_Q4_K || type == KV_TYPE_Q5_K) {
+        const bool five = type == KV_TYPE_Q5_K;
+        const uint8_t *sb = row + (b / 8) * (five ? 176 : 144), *s = sb + 4, *qs = sb + (five ? 48 : 16);
+        const int j = (int)(b % 8);
+        const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        memcpy(&h, sb, 2);
+        *d = (float)(kv_f16_to_f32(h) * (float)sc);
+        memcpy(&h, sb + 2, 2);
+        *off = -(double)(float)(kv_f16_to_f32(h) * (float)mn);
+        for (int i = 0; i < 32; i++)
+            q[i] = ((qs[32 * (j / 2) + i] >> 4 * (j % 2)) & 15) | (five ? ((sb[16 + i] >> j) & 1) << 4 : 0);
+        return;
+    }
+    const size_t bb = kv_type_traits_get(type)->type_size;
+    const uint8_t *blk = row + b * bb;
+    memcpy(&h, blk, 2);
+    *d = kv_f16_to_f32(h);
+    const bool q5 = type == KV_TYPE_Q5_0 || type == KV_TYPE_Q5_1, min = type == KV_TYPE_Q4_1 || type == KV_TYPE_Q5_1;
+    *off = type == KV_TYPE_Q4_0 ? -8.0 * *d : type == KV_TYPE_Q5_0 ? -16.0 * *d : 0.0;
+    if (min) memcpy(&h, blk + 2, 2), *off = kv_f16_to_f32(h);
+    const uint8_t *nib = blk + bb - 16; /* the nibbles end the block, after Q5's 32 fifth bits */
+    uint32_t qh = 0;
+    if (q5) memcpy(&qh, nib - 4, 4);
+    for (int i = 0; i < 32; i++) {
+        q[i] = type == KV_TYPE_Q8_0 ? (int8_t)blk[2 + i] : i < 16 ? nib[i] & 15 : nib[i - 16] >> 4;
+        if (q5) q[i] |= (int)((qh >> i) & 1) << 4;
+    }
 }
 
 /* The integer path's exact result in float64 (and its magnitude): x
@@ -346,7 +383,7 @@ static bool int_case(const kvcl_ctx *c, const mm_case *k) {
  * correction sums) stay within gamma(cols / 32 + 16) of mag. */
 static void ref_matmul_i8(int type, const uint8_t *bytes, int64_t rows, int64_t cols, const float *x, int64_t T,
                           const float *bias, double *y, double *mag) {
-    const size_t rb = kv_row_size(type, cols), bb = kv_type_traits_get(type)->type_size;
+    const size_t rb = kv_row_size(type, cols);
     const int64_t nb = cols / 32;
     int *qx = xmalloc(sizeof(int) * cols);
     double *dx = xmalloc(sizeof(double) * nb);
@@ -362,21 +399,12 @@ static void ref_matmul_i8(int type, const uint8_t *bytes, int64_t rows, int64_t 
         for (int64_t r = 0; r < rows; r++) {
             double s = bias ? bias[r] : 0.0, m = bias ? fabs(bias[r]) : 0.0;
             for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = bytes + r * rb + b * bb;
-                uint16_t h;
-                memcpy(&h, blk, 2);
-                const double dw = kv_f16_to_f32(h);
-                const bool q5 = type == KV_TYPE_Q5_0 || type == KV_TYPE_Q5_1, min = type == KV_TYPE_Q4_1 || type == KV_TYPE_Q5_1;
-                double off = type == KV_TYPE_Q4_0 ? -8.0 * dw : type == KV_TYPE_Q5_0 ? -16.0 * dw : 0.0;
-                if (min) memcpy(&h, blk + 2, 2), off = kv_f16_to_f32(h);
-                const uint8_t *nib = blk + bb - 16; /* the nibbles end the block, after Q5's 32 fifth bits */
-                uint32_t qh = 0;
-                if (q5) memcpy(&qh, nib - 4, 4);
+                double dw, off;
+                int qw[32];
+                i8_block(type, bytes + r * rb, b, &dw, &off, qw);
                 double dot = 0.0, adot = 0.0, sq = 0.0;
                 for (int i = 0; i < 32; i++) {
-                    int qw = type == KV_TYPE_Q8_0 ? (int8_t)blk[2 + i] : i < 16 ? nib[i] & 15 : nib[i - 16] >> 4;
-                    if (q5) qw |= (int)((qh >> i) & 1) << 4;
-                    dot += (double)qw * qx[32 * b + i], adot += fabs((double)qw * qx[32 * b + i]);
+                    dot += (double)qw[i] * qx[32 * b + i], adot += fabs((double)qw[i] * qx[32 * b + i]);
                     sq += qx[32 * b + i];
                 }
                 s += dw * dx[b] * dot + off * dx[b] * sq;
@@ -458,8 +486,11 @@ static void cpu_bound(int type, const uint8_t *wrow, const float *w, int64_t col
 }
 
 /* The device product against kv_matmul (scalar): the difference stays
- * within their two bounds. */
-static void check_against_cpu(const mm_case *k, const uint8_t *bytes, const float *deq, const float *x,
+ * within their two bounds. i8: the device quantized x per 32 (the integer
+ * kernels); where kv_matmul quantizes per 256 (the K-quants' Q8_K) the
+ * device's own rounding of x (0.6 d per block of 32, as in cpu_bound)
+ * adds to the bound. */
+static void check_against_cpu(const mm_case *k, bool i8, const uint8_t *bytes, const float *deq, const float *x,
                               const float *got) {
     const int64_t rows = k->rows, cols = k->cols, T = k->T;
     const size_t rb = kv_row_size(k->type, cols);
@@ -473,6 +504,11 @@ static void check_against_cpu(const mm_case *k, const uint8_t *bytes, const floa
             double bc, mag = 0;
             cpu_bound(k->type, bytes + r * rb, deq + r * cols, cols, x + t * cols, &bc);
             for (int64_t i = 0; i < cols; i++) mag += fabs((double)deq[r * cols + i] * x[t * cols + i]);
+            for (int64_t b0 = 0; i8 && kv_vec_dot_type(k->type) == KV_TYPE_Q8_K && b0 < cols; b0 += 32) {
+                double amax = 0.0, sw = 0.0;
+                for (int64_t i = b0; i < b0 + 32; i++) amax = fmax(amax, fabs(x[t * cols + i])), sw += fabs(deq[r * cols + i]);
+                bc += 0.6 * amax / 127 * sw;
+            }
             const double bound = bc + path_gamma(k->path, cols) * mag + 1e-30;
             const double d = fabs((double)got[t * rows + r] - yc[t * rows + r]);
             bad += !(d <= bound);
@@ -503,7 +539,7 @@ static void test_matmul_on(kvcl_ctx *c, const char *label, const int *paths, int
             for (int64_t i = 0; i < k.rows; i++) bias[i] = frand();
             if (vs_cpu && pi == 0) k.bias = false; /* kv_matmul has no bias */
             float *got = check_matmul(c, label, &k, bytes, deq, x, bias);
-            if (vs_cpu && pi == 0) check_against_cpu(&k, bytes, deq, x, got);
+            if (vs_cpu && pi == 0) check_against_cpu(&k, int_case(c, &k), bytes, deq, x, got);
             free(bytes), free(deq), free(x), free(bias), free(got);
         }
     }
@@ -595,15 +631,18 @@ static void test_gemv_tiled_same(kvcl_ctx *c) {
 }
 
 /* Where the integer kernels run, their weights are packed in groups of 8
- * blocks, the last group of a row shorter (nb % 8 blocks): rows of 1 .. 17
- * blocks, each group size and tail, through the GEMV (against the float64
+ * blocks, the last group of a row shorter (nb % 8 blocks), a K-quant
+ * super-block a group: rows of 1 .. 17 blocks (K-quants: 8 and 16), each
+ * group size and tail, through the GEMV (against the float64
  * product and kv_matmul's 8-bit activations), the tiled prefill (the
  * GEMV's bits) and the embedding lookup (kv_dequantize_row's bits). */
 static void test_packed_rows(kvcl_ctx *c, const char *label) {
-    static const int types[] = {KV_TYPE_Q4_0, KV_TYPE_Q4_1, KV_TYPE_Q5_0, KV_TYPE_Q5_1, KV_TYPE_Q8_0};
+    static const int types[] = {KV_TYPE_Q4_0, KV_TYPE_Q4_1, KV_TYPE_Q5_0, KV_TYPE_Q5_1,
+                                KV_TYPE_Q8_0, KV_TYPE_Q4_K, KV_TYPE_Q5_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (int nb = 1; nb <= 17; nb++) {
             const int type = types[ti];
+            if (kv_type_traits_get(type)->blck == 256 && nb % 8) continue; /* K-quant rows: whole super-blocks */
             const int64_t rows = 5 + irand(60), cols = 32 * nb, T = 9;
             uint8_t *bytes;
             float *deq, *x = xmalloc(sizeof(float) * T * cols);
@@ -611,7 +650,7 @@ static void test_packed_rows(kvcl_ctx *c, const char *label) {
             for (int64_t i = 0; i < T * cols; i++) x[i] = frand();
             mm_case k = {KVCL_MM_GEMV, type, rows, cols, 1, false, 0};
             float *got = check_matmul(c, label, &k, bytes, deq, x, NULL);
-            check_against_cpu(&k, bytes, deq, x, got);
+            check_against_cpu(&k, int_case(c, &k), bytes, deq, x, got);
             free(got);
 
             kvcl_weight w;
@@ -1503,7 +1542,7 @@ int main(void) {
 
     kvcl_options o = {.cache_dir = g_cache};
     g_c = open_ctx(&o);
-    printf("     (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 products: %s)\n",
+    printf("     (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K products: %s)\n",
            kvcl_ctx_vnni(g_c) ? "integer kernels, vpdpbusd" : kvcl_ctx_int_dot(g_c) ? "integer kernels" : "float kernels");
     /* weights split into parts of at most 32 KiB */
     kvcl_options small = {.cache_dir = g_cache, .max_alloc = 32 << 10};

@@ -95,7 +95,13 @@ KV_INL float16 round_f16x16(float16 x) {
  * their n mins m, for Q5_0 / Q5_1 their n 32-bit words of fifth bits, then
  * the quants as words of 4 n bytes: word v holds bytes 4 v .. 4 v + 3 of
  * each block's quants in turn (4 words for the nibble formats, 8 for
- * Q8_0). deq32_packed reads one block of such a row. */
+ * Q8_0). deq32_packed reads one block of such a row. Q4_K and Q5_K rows
+ * (super-blocks of 8 sub-blocks of 32) are packed a super-block a group:
+ * d, dmin and the 12 scale bytes as they were, for Q5_K the 8 sub-blocks'
+ * 32-bit words of fifth bits (bit e: element e), then 4 words of 32 bytes:
+ * word v holds, at bytes 4 l .. 4 l + 3, elements 4 v .. 4 v + 3 of
+ * sub-block l in the low nibbles and 16 + 4 v .. in the high ones (the
+ * nibbles of a Q4_0 block); deq256_k4_packed reads one. */
 
 #define I8_GROUP 8 /* blocks a group (and nbx a multiple of it) */
 
@@ -330,16 +336,21 @@ KV_INL void deq32_q6_k(const global uchar *b, int j, float16 *lo, float16 *hi) {
 /* ---- whole K-quant super-blocks (scales decoded once, v[16] = 256 values) ---- */
 
 /* the 8 scales and 8 mins of a Q4_K / Q5_K super-block, times d and dmin */
-KV_INL void k4_scales(const global uchar *b, float *d1, float *m1) {
+KV_INL void k4_scales8(const global uchar *b, float8 *d1, float8 *m1) {
     const float d = f16_at(b, 0), dmin = f16_at(b, 2);
     const uchar4 s0 = vload4(0, b + 4), s1 = vload4(0, b + 8), s2 = vload4(0, b + 12);
     const uchar4 sc_lo = s0 & (uchar4)63, mn_lo = s1 & (uchar4)63;
     const uchar4 sc_hi = (s2 & (uchar4)0xF) | ((s0 >> (uchar4)6) << (uchar4)4);
     const uchar4 mn_hi = (s2 >> (uchar4)4) | ((s1 >> (uchar4)6) << (uchar4)4);
-    vstore4(d * convert_float4(convert_int4(sc_lo)), 0, d1);
-    vstore4(d * convert_float4(convert_int4(sc_hi)), 1, d1);
-    vstore4(dmin * convert_float4(convert_int4(mn_lo)), 0, m1);
-    vstore4(dmin * convert_float4(convert_int4(mn_hi)), 1, m1);
+    *d1 = d * convert_float8((uchar8)(sc_lo, sc_hi));
+    *m1 = dmin * convert_float8((uchar8)(mn_lo, mn_hi));
+}
+
+KV_INL void k4_scales(const global uchar *b, float *d1, float *m1) {
+    float8 d, m;
+    k4_scales8(b, &d, &m);
+    vstore8(d, 0, d1);
+    vstore8(m, 0, m1);
 }
 
 /* Q4_K (qh NULL) or Q5_K: pair p of sub-blocks (2p, 2p + 1) = the low and
@@ -361,6 +372,22 @@ KV_INL void deq256_k4(const global uchar *b, int qs_off, const global uchar *qh,
         v[4 * p + 1] = d1[2 * p] * convert_float16(a1) - m1[2 * p];
         v[4 * p + 2] = d1[2 * p + 1] * convert_float16(c0) - m1[2 * p + 1];
         v[4 * p + 3] = d1[2 * p + 1] * convert_float16(c1) - m1[2 * p + 1];
+    }
+}
+
+/* A packed Q4_K / Q5_K super-block (the integer kernels' layout, below):
+ * the same values as deq256_k4, sub-block j into v[2 j], v[2 j + 1] */
+KV_INL void deq256_k4_packed(const int type, const global uchar *b, float16 *v) {
+    float d1[8], m1[8];
+    k4_scales(b, d1, m1);
+    const global uchar *q = b + (type == TYPE_Q5_K ? 48 : 16);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const uchar16 x = (uchar16)(vload4(0, q + 4 * j), vload4(0, q + 32 + 4 * j), vload4(0, q + 64 + 4 * j),
+                                    vload4(0, q + 96 + 4 * j));
+        const uint h = type == TYPE_Q5_K ? as_uint(vload4(j, b + 16)) : 0u;
+        v[2 * j] = d1[j] * convert_float16(nib_lo(x) + bits16(h, 0)) - m1[j];
+        v[2 * j + 1] = d1[j] * convert_float16(nib_hi(x) + bits16(h, 16)) - m1[j];
     }
 }
 

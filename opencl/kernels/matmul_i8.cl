@@ -1,8 +1,9 @@
 /*
- * matmul_i8.cl — products with Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights by
- * integer dot products, on drivers that compile for x86 with AVX2 (PoCL
- * and other CPU drivers): the activations quantized to 8 bits per block of
- * 32, as the CPU engine does, and byte products summed by vpdpbusd (where
+ * matmul_i8.cl — products with Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K
+ * weights by integer dot products, on drivers that compile for x86 with
+ * AVX2 (PoCL and other CPU drivers): the activations quantized to 8 bits
+ * per block of 32 (as the CPU engine does for the 32-element formats; it
+ * takes 256 for the K-quants), and byte products summed by vpdpbusd (where
  * the CPU has AVX512-VNNI) or pmaddubsw / pmaddwd. Weights and records are
  * both laid out in lanes of 8 blocks (blocks.cl: the host packs the
  * weights at upload), so a 32-byte vector holds 4 bytes of 8 blocks and
@@ -24,9 +25,12 @@
  * The order of the float sums, shared by all (a token gets the same bits
  * from each): per group g of 8 blocks, lane l (block 8 g + l) with I its
  * exact integer sum, a chain a = fma(d, I * (x d), a) over the groups, and
- * for the weights' offset (Q4_0: -8 d, Q5_0: -16 d) or min (Q4_1, Q5_1: m)
- * a chain c = fma(d or m, x d * sum q, c); the result: the lane sum of a,
- * plus the lane sum of c (times -8 or -16 for the offsets), plus the bias.
+ * for the weights' offset (Q4_0: -8 d, Q5_0: -16 d) or min (Q4_1, Q5_1: m;
+ * Q4_K, Q5_K: dmin m) a chain c = fma(d or m, x d * sum q, c); the result:
+ * the lane sum of a, plus the lane sum of c (times -8 or -16 for the
+ * offsets, -1 for the K-quants' mins), plus the bias. A K-quant's d is
+ * d sc and its min dmin m, each one float product (the CPU's dequantization
+ * computes the same two).
  */
 
 /* the compiler's own x86 builtins: only where it says it has them */
@@ -65,6 +69,13 @@ kernel void quant_x(global const float *x, ulong xoff, int cols, global char *xr
 }
 
 #if KV_INT_DOT
+/* the K-quants these kernels take (Q6_K keeps matmul.cl's), and the bytes
+ * of a group of 8 blocks of a packed row (a K-quant super-block) */
+KV_INL bool kquant_i8(const int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K; }
+KV_INL int group_bytes(const int type) {
+    return type == TYPE_Q4_K ? 144 : type == TYPE_Q5_K ? 176 : 8 * bytes32(type);
+}
+
 /* acc + the sums of 4 byte products u (unsigned) x (signed) per 32-bit
  * lane: vpdpbusd where the host found it (KVCL_VNNI: the CPU that runs
  * this driver has AVX512-VNNI and AVX512-VL; the compiler may not know
@@ -123,11 +134,18 @@ KV_INL kv_c32 fifth_lanes(uint8 h, uint s) {
  * independent already (and more would not fit the registers). */
 KV_INL void group_dot(const int type, const global uchar *w, int g, const int n, const int nt,
                       const global char *const *xq, float8 *d, float8 *m, int8 *I) {
-    const int sb = has_min32(type) ? 4 : 2, hb = five32(type) ? 4 : 0;
-    const global uchar *p = w + bytes32(type) * 8 * g, *q = p + n * (sb + hb);
-    *d = half_lanes(p, n);
-    *m = has_min32(type) ? half_lanes(p + 2 * n, n) : 0.0f;
-    const uint8 h = hb ? as_uint8(word_lanes(p + sb * n, n)) : (uint8)0;
+    const global uchar *p = w + group_bytes(type) * g, *q, *hp;
+    if (kquant_i8(type)) { /* a super-block: d, dmin, 12 scale bytes, [fifth bits], nibbles (n is 8) */
+        k4_scales8(p, d, m);
+        hp = p + 16, q = p + (type == TYPE_Q5_K ? 48 : 16);
+    } else {
+        const int sb = has_min32(type) ? 4 : 2, hb = five32(type) ? 4 : 0;
+        *d = half_lanes(p, n);
+        *m = has_min32(type) ? half_lanes(p + 2 * n, n) : 0.0f;
+        hp = p + sb * n, q = p + n * (sb + hb);
+    }
+    const bool hb = five32(type) || type == TYPE_Q5_K;
+    const uint8 h = hb ? as_uint8(word_lanes(hp, n)) : (uint8)0;
     int8 J[MM_TOKENS];
     for (int k = 0; k < nt; k++) I[k] = J[k] = 0;
     if (type == TYPE_Q8_0) { /* |w| against x with w's sign */
@@ -165,13 +183,13 @@ KV_INL void group_i8(const int type, const global uchar *w, int g, const int n, 
                      float8 *a, float8 *c) {
     /* two groups ahead into the cache (past the row: the next item's row; a prefetch never faults); a
      * constant loop of 3 to 5, unrolled without asking (an unroll pragma here made the compiler warn) */
-    for (int l = 0; l < 8 * bytes32(type); l += 64) __builtin_prefetch(w + bytes32(type) * 8 * (g + 2) + l);
+    for (int l = 0; l < group_bytes(type); l += 64) __builtin_prefetch(w + group_bytes(type) * (g + 2) + l);
     float8 d, m;
     int8 I[MM_TOKENS];
     group_dot(type, w, g, n, nt, xq, &d, &m, I);
     for (int k = 0; k < nt; k++) {
         a[k] = fma(d, convert_float8(I[k]) * vload8(g, xd[k]), a[k]);
-        if (type != TYPE_Q8_0) c[k] = fma(has_min32(type) ? m : d, vload8(g, xs[k]), c[k]);
+        if (type != TYPE_Q8_0) c[k] = fma(has_min32(type) || kquant_i8(type) ? m : d, vload8(g, xs[k]), c[k]);
     }
 }
 
@@ -183,11 +201,11 @@ KV_INL float hsum8(float8 v) {
 }
 
 /* the result from the chain a and the correction chain c: the offsets of
- * Q4_0 (-8 d) and Q5_0 (-16 d) or the min (Q4_1, Q5_1) */
+ * Q4_0 (-8 d) and Q5_0 (-16 d), the min (Q4_1, Q5_1: + m; Q4_K, Q5_K: - dmin m) */
 KV_INL float i8_result(const int type, float8 a, float8 c) {
     const float s = hsum8(a);
     return type == TYPE_Q4_0 ? s - 8.0f * hsum8(c) : type == TYPE_Q5_0 ? s - 16.0f * hsum8(c)
-                             : has_min32(type) ? s + hsum8(c) : s;
+                             : has_min32(type) ? s + hsum8(c) : kquant_i8(type) ? s - hsum8(c) : s;
 }
 
 /* a row w of nb blocks against nt tokens' records into a[k], c[k]: whole
@@ -346,3 +364,5 @@ MATMUL_I8_KERNELS(q4_1, TYPE_Q4_1)
 MATMUL_I8_KERNELS(q5_0, TYPE_Q5_0)
 MATMUL_I8_KERNELS(q5_1, TYPE_Q5_1)
 MATMUL_I8_KERNELS(q8_0, TYPE_Q8_0)
+MATMUL_I8_KERNELS(q4_k, TYPE_Q4_K)
+MATMUL_I8_KERNELS(q5_k, TYPE_Q5_K)
