@@ -183,6 +183,27 @@ KV_INL bool quant32(const int type) {
     return type == TYPE_Q4_0 || type == TYPE_Q4_1 || type == TYPE_Q5_0 || type == TYPE_Q5_1 || type == TYPE_Q8_0;
 }
 
+/* ---- packed rows (the integer kernels' layout: see the records above) ---- */
+
+/* the K-quants packed a super-block a group (Q6_K is not), and the bytes
+ * of a whole group of 8 blocks */
+KV_INL bool packed_k4(const int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K; }
+KV_INL int group_bytes(const int type) {
+    return type == TYPE_Q4_K ? 144 : type == TYPE_Q5_K ? 176 : 8 * bytes32(type);
+}
+
+/* where the group of n blocks at p keeps its fifth-bit words (*h) and its
+ * quant words (*q); its scales start at p (the mins at p + 2 n), a K-quant
+ * super-block's d, dmin and scale bytes at p */
+KV_INL void packed_parts(const int type, const global uchar *p, int n, const global uchar **h, const global uchar **q) {
+    if (packed_k4(type)) {
+        *h = p + 16, *q = p + (type == TYPE_Q5_K ? 48 : 16);
+        return;
+    }
+    *h = p + (has_min32(type) ? 4 : 2) * n;
+    *q = *h + (five32(type) ? 4 : 0) * n;
+}
+
 /* A block's values from its parts, however stored: q the first 16 quant
  * bytes (the nibbles; Q8_0's first 16 int8), q2 Q8_0's next 16, qh the
  * fifth bits (Q5), d the scale, m the min (Q4_1, Q5_1).
@@ -225,10 +246,12 @@ KV_INL void deq32_q(const int type, const global uchar *b, float16 *lo, float16 
 
 /* block b of a packed row of nb blocks (the integer kernels' layout above) */
 KV_INL void deq32_packed(const int type, const global uchar *row, int nb, int b, float16 *lo, float16 *hi) {
-    const int l = b % 8, n = min(8, nb - (b - l)), sb = has_min32(type) ? 4 : 2, hb = five32(type) ? 4 : 0;
-    const global uchar *p = row + bytes32(type) * (b - l), *q = p + n * (sb + hb) + 4 * l;
+    const int l = b % 8, n = min(8, nb - (b - l));
+    const global uchar *p = row + bytes32(type) * (b - l), *h, *q;
+    packed_parts(type, p, n, &h, &q);
+    q += 4 * l;
     const float d = f16_at(p, 2 * l), m = has_min32(type) ? f16_at(p, 2 * n + 2 * l) : 0.0f;
-    const uint qh = hb ? as_uint(vload4(0, p + sb * n + 4 * l)) : 0u;
+    const uint qh = five32(type) ? as_uint(vload4(l, h)) : 0u;
     const int w = 4 * n; /* bytes a word */
     const uchar16 q1 = (uchar16)(vload4(0, q), vload4(0, q + w), vload4(0, q + 2 * w), vload4(0, q + 3 * w));
     uchar16 q2 = (uchar16)0;
@@ -380,12 +403,13 @@ KV_INL void deq256_k4(const global uchar *b, int qs_off, const global uchar *qh,
 KV_INL void deq256_k4_packed(const int type, const global uchar *b, float16 *v) {
     float d1[8], m1[8];
     k4_scales(b, d1, m1);
-    const global uchar *q = b + (type == TYPE_Q5_K ? 48 : 16);
+    const global uchar *hw, *q;
+    packed_parts(type, b, 8, &hw, &q);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const uchar16 x = (uchar16)(vload4(0, q + 4 * j), vload4(0, q + 32 + 4 * j), vload4(0, q + 64 + 4 * j),
                                     vload4(0, q + 96 + 4 * j));
-        const uint h = type == TYPE_Q5_K ? as_uint(vload4(j, b + 16)) : 0u;
+        const uint h = type == TYPE_Q5_K ? as_uint(vload4(j, hw)) : 0u;
         v[2 * j] = d1[j] * convert_float16(nib_lo(x) + bits16(h, 0)) - m1[j];
         v[2 * j + 1] = d1[j] * convert_float16(nib_hi(x) + bits16(h, 16)) - m1[j];
     }

@@ -254,8 +254,7 @@ KV_INL void deq(const int type, global const uchar *W, ulong row_bytes, int rows
     if (b < cols / be) {
         float16 v[16];
         if (quant32(type) && packed) deq32_packed(type, w, cols / 32, b, &v[0], &v[1]); /* the integer kernels' layout */
-        else if ((type == TYPE_Q4_K || type == TYPE_Q5_K) && packed)
-            deq256_k4_packed(type, w + (type == TYPE_Q4_K ? 144 : 176) * b, v);
+        else if (packed_k4(type) && packed) deq256_k4_packed(type, w + group_bytes(type) * b, v);
         else deq_block(type, w, b, v);
 #pragma unroll
         for (int k = 0; k < 16; k++)

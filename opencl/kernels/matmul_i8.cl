@@ -69,13 +69,6 @@ kernel void quant_x(global const float *x, ulong xoff, int cols, global char *xr
 }
 
 #if KV_INT_DOT
-/* the K-quants these kernels take (Q6_K keeps matmul.cl's), and the bytes
- * of a group of 8 blocks of a packed row (a K-quant super-block) */
-KV_INL bool kquant_i8(const int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K; }
-KV_INL int group_bytes(const int type) {
-    return type == TYPE_Q4_K ? 144 : type == TYPE_Q5_K ? 176 : 8 * bytes32(type);
-}
-
 /* acc + the sums of 4 byte products u (unsigned) x (signed) per 32-bit
  * lane: vpdpbusd where the host found it (KVCL_VNNI: the CPU that runs
  * this driver has AVX512-VNNI and AVX512-VL; the compiler may not know
@@ -134,15 +127,13 @@ KV_INL kv_c32 fifth_lanes(uint8 h, uint s) {
  * independent already (and more would not fit the registers). */
 KV_INL void group_dot(const int type, const global uchar *w, int g, const int n, const int nt,
                       const global char *const *xq, float8 *d, float8 *m, int8 *I) {
-    const global uchar *p = w + group_bytes(type) * g, *q, *hp;
-    if (kquant_i8(type)) { /* a super-block: d, dmin, 12 scale bytes, [fifth bits], nibbles (n is 8) */
+    const global uchar *p = w + group_bytes(type) * g, *hp, *q;
+    packed_parts(type, p, n, &hp, &q);
+    if (packed_k4(type)) { /* a super-block (n is 8): d sc and dmin m */
         k4_scales8(p, d, m);
-        hp = p + 16, q = p + (type == TYPE_Q5_K ? 48 : 16);
     } else {
-        const int sb = has_min32(type) ? 4 : 2, hb = five32(type) ? 4 : 0;
         *d = half_lanes(p, n);
         *m = has_min32(type) ? half_lanes(p + 2 * n, n) : 0.0f;
-        hp = p + sb * n, q = p + n * (sb + hb);
     }
     const bool hb = five32(type) || type == TYPE_Q5_K;
     const uint8 h = hb ? as_uint8(word_lanes(hp, n)) : (uint8)0;
@@ -189,7 +180,7 @@ KV_INL void group_i8(const int type, const global uchar *w, int g, const int n, 
     group_dot(type, w, g, n, nt, xq, &d, &m, I);
     for (int k = 0; k < nt; k++) {
         a[k] = fma(d, convert_float8(I[k]) * vload8(g, xd[k]), a[k]);
-        if (type != TYPE_Q8_0) c[k] = fma(has_min32(type) || kquant_i8(type) ? m : d, vload8(g, xs[k]), c[k]);
+        if (type != TYPE_Q8_0) c[k] = fma(has_min32(type) || packed_k4(type) ? m : d, vload8(g, xs[k]), c[k]);
     }
 }
 
@@ -205,7 +196,7 @@ KV_INL float hsum8(float8 v) {
 KV_INL float i8_result(const int type, float8 a, float8 c) {
     const float s = hsum8(a);
     return type == TYPE_Q4_0 ? s - 8.0f * hsum8(c) : type == TYPE_Q5_0 ? s - 16.0f * hsum8(c)
-                             : has_min32(type) ? s + hsum8(c) : kquant_i8(type) ? s - hsum8(c) : s;
+                             : has_min32(type) ? s + hsum8(c) : packed_k4(type) ? s - hsum8(c) : s;
 }
 
 /* a row w of nb blocks against nt tokens' records into a[k], c[k]: whole
