@@ -257,6 +257,23 @@ static void test_prefill_choice(void) {
 /* ==== embedding / dequantization ===================================================== */
 
 /* rows ids of a (rows, cols) table of every type, bit for bit */
+/* rows ids[0 .. n) of w looked up on the device (kvcl_embed, into a view
+ * at offset 5) against the same rows of deq: how many differ in their
+ * bits; *st the lookup's status */
+static int embed_rows_differ(kvcl_ctx *c, const kvcl_weight *w, const int32_t *ids, int n, const float *deq,
+                             kv_status *st) {
+    const int64_t cols = w->cols;
+    kvcl_buf *ib = dev_buf(c, ids, sizeof(int32_t) * n), *out = dev_buf(c, NULL, sizeof(float) * (n * cols + 5));
+    float *got = xmalloc(sizeof(float) * n * cols);
+    *st = kvcl_embed(c, w, ib, n, kvcl_at(out, 5), &g_err);
+    if (*st == KV_OK) get_floats(c, out, 5, got, n * cols);
+    int bad = 0;
+    for (int t = 0; *st == KV_OK && t < n; t++) bad += memcmp(got + t * cols, deq + ids[t] * cols, sizeof(float) * cols) != 0;
+    kvcl_buf_free(ib), kvcl_buf_free(out);
+    free(got);
+    return bad;
+}
+
 static void test_embed_on(kvcl_ctx *c, const char *label) {
     for (int wi = 0; wi < N_WTYPES; wi++) {
         const int type = k_wtypes[wi];
@@ -270,21 +287,13 @@ static void test_embed_on(kvcl_ctx *c, const char *label) {
         kvcl_weight w;
         kv_status st = kvcl_weight_upload(c, type, rows, cols, bytes, &w, &g_err);
         int32_t ids[7] = {0, (int32_t)rows - 1, 3, 3, irand(rows), irand(rows), irand(rows)};
-        kvcl_buf *ib = dev_buf(c, ids, sizeof ids), *out = dev_buf(c, NULL, sizeof(float) * (T * cols + 5));
-        if (st == KV_OK) st = kvcl_embed(c, &w, ib, T, kvcl_at(out, 5), &g_err);
-        float *got = xmalloc(sizeof(float) * T * cols);
-        if (st == KV_OK) get_floats(c, out, 5, got, T * cols);
-        int bad = 0;
-        for (int t = 0; t < T; t++)
-            bad += memcmp(got + t * cols, deq + ids[t] * cols, sizeof(float) * cols) != 0;
+        const int bad = st == KV_OK ? embed_rows_differ(c, &w, ids, T, deq, &st) : 0;
         char name[160];
         snprintf(name, sizeof name, "embed %s %s (%lld x %lld, %d parts): bit-identical to kv_dequantize_row", label,
                  tname(type), (long long)rows, (long long)cols, w.buf ? kvcl_buf_parts(w.buf) : 0);
         report(st == KV_OK && bad == 0, name, "%s; %d rows differ", st ? g_err.msg : "", bad);
         kvcl_weight_free(&w);
-        kvcl_buf_free(ib);
-        kvcl_buf_free(out);
-        free(bytes), free(deq), free(got);
+        free(bytes), free(deq);
     }
 }
 
@@ -658,21 +667,16 @@ static void test_packed_rows(kvcl_ctx *c, const char *label) {
             kvcl_buf *xb = dev_floats(c, x, T * cols);
             int differ = -1;
             if (st == KV_OK) st = tiled_vs_gemv(c, &w, xb, T, &differ);
-            int32_t ids[3] = {(int32_t)rows - 1, 0, irand(rows)};
-            kvcl_buf *ib = dev_buf(c, ids, sizeof ids), *eo = dev_buf(c, NULL, sizeof(float) * 3 * cols);
-            if (st == KV_OK) st = kvcl_embed(c, &w, ib, 3, kvcl_at(eo, 0), &g_err);
-            float *e = xmalloc(sizeof(float) * 3 * cols);
-            int bad = 0;
-            if (st == KV_OK) get_floats(c, eo, 0, e, 3 * cols);
-            for (int i = 0; st == KV_OK && i < 3; i++) bad += memcmp(e + i * cols, deq + ids[i] * cols, sizeof(float) * cols) != 0;
+            const int32_t ids[3] = {(int32_t)rows - 1, 0, irand(rows)};
+            const int bad = st == KV_OK ? embed_rows_differ(c, &w, ids, 3, deq, &st) : 0;
             char name[200];
             snprintf(name, sizeof name, "%s%srows of %d blocks, %s (%lld rows, %s): tiled == GEMV bits, embed == kv_dequantize_row",
                      label, label[0] ? ": " : "", nb, tname(type), (long long)rows, w.packed ? "packed" : "as stored");
             report(st == KV_OK && differ == 0 && bad == 0 && w.packed == kvcl_ctx_int_dot(c), name, "%s; %d outputs differ, %d embedded rows differ",
                    st ? g_err.msg : "", differ, bad);
             kvcl_weight_free(&w);
-            kvcl_buf_free(xb), kvcl_buf_free(ib), kvcl_buf_free(eo);
-            free(bytes), free(deq), free(x), free(e);
+            kvcl_buf_free(xb);
+            free(bytes), free(deq), free(x);
         }
 }
 
