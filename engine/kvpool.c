@@ -274,6 +274,8 @@ static bool type_ok(int t) { return t == KV_TYPE_F16 || t == KV_TYPE_F32 || t ==
 
 /* Pages a session of n_ctx positions holds at most in group G (a window
  * group: the window plus one prefill chunk, page-aligned on both ends). */
+#define KV_PRIVATE_SLAB 65536 /* pages a slab of a session's private pool at most (4.5 MiB of page state) */
+
 static int64_t group_need(const kv_cache *c, const kv_group *G, int64_t n_ctx) {
     int64_t all = (n_ctx + c->pt - 1) / c->pt;
     if (G->window <= 0) return all;
@@ -377,7 +379,10 @@ static kv_status pool_open_shape(kv_model *m, const kv_pool_shape *in, const kv_
                 st = kv_fail(e, KV_ERR_NOMEM, "session: %d tokens too large", private_ctx);
                 goto fail;
             }
-            G->slab_pages = (int32_t)need;
+            /* a long context's pages come a slab at a time as they are reserved: a context (or a
+             * session file) that claims millions of tokens does not allocate their pages' state
+             * up front */
+            G->slab_pages = (int32_t)(need < KV_PRIVATE_SLAB ? need : KV_PRIVATE_SLAB);
         }
     } else {
         uint64_t B = p->bytes;

@@ -903,6 +903,16 @@ static void check_pool(void) {
            (unsigned long long)kv_model_kv_bytes(m, 100, KV_TYPE_F16, KV_TYPE_F16));
     kv_session_close(s);
 
+    /* a private pool for a long context takes its pages' state a slab at a time as they are used */
+    s = NULL;
+    kv_status lst = kv_session_open(m, 1 << 24, &s, &e);
+    if (lst == KV_OK) lst = kv_session_eval(s, ids, 100, KV_LOGITS_NONE, NULL, &e);
+    if (lst == KV_OK) kv_cache_get_stats(kv_session_cache(s), &st);
+    report(lst == KV_OK && st.used == 7 && st.pages <= 65536,
+           "ctx 2^24 session (2^20 pages of 16): pages with storage <= one slab of 65536", "%s; used %lld, pages %lld",
+           lst ? e.msg : "", (long long)st.used, (long long)st.pages);
+    kv_session_close(s);
+
     /* forks: 64 forks of a 1,000-token session */
     kv_cache_params cp = {.pages = 400, .page_tokens = 16, .ktype = KV_TYPE_F16, .vtype = KV_TYPE_F16, .prefix = true};
     kv_cache *cache = NULL;
