@@ -23,36 +23,33 @@
 -- new items are admitted as others finish, and prompts are prefilled in
 -- chunks of --prefill-chunk tokens between decode steps.
 --
--- Exit status: 0 when every item ran, 1 when some items failed, 2 when
--- the run could not start (bad option, missing model or input, empty file).
-local usage = [[
-usage: lua5.4 scripts/batch-generate.lua --file PROMPTS.jsonl [options]
-  --file PATH          input JSONL (one object per line: "prompt" or "messages", options)
-  --output PATH        output JSONL (default: stdout)
-  --model PATH         GGUF file (default: SmolLM2-135M-Instruct, fetched and cached)
-  --shard i/n          run only shard i of n (0-based, by line ranges; see README)
-  --batch N            sessions generating together (default 4)
-  --prefill-chunk N    prompt tokens prefilled per step, between decode steps; 0 = whole prompts (default 128)
-  --max-tokens N       (default 128)     --temp T (default 0: greedy)
-  --top-k K (40)  --top-p P (0.95)  --min-p P (0.05)  --repeat-penalty R (1.0)  --seed N (42)
-  --ctx N              context per session (default: prompt + max tokens)
-  --kv TYPE            K/V storage: f16 (default), q8_0, f32
-  --threads N          CPU threads (default: physical cores)
-  --ids                add the generated token ids ("ids") to each output line
-  --no-timings         leave ttft and tokens_per_s out (byte-identical outputs run to run)
-  --quiet              no progress on stderr
-  --json               print the run's summary as one JSON object on stdout (needs --output)
-]]
-local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
-local o = common.parse(arg, {
-  file = "", output = "", model = "", shard = "", batch = 4, ["prefill-chunk"] = 128,
-  ["max-tokens"] = 128, temp = 0.0, ["top-k"] = 40, ["top-p"] = 0.95, ["min-p"] = 0.05,
-  ["repeat-penalty"] = 1.0, seed = 42, ctx = 0, kv = "f16", threads = 0, ids = false,
-  ["no-timings"] = false, quiet = false, json = false,
-}, usage)
+-- Exit status: 0 when every item ran, 1 when some items failed or the
+-- output could not be written, 2 when the run could not start (bad option,
+-- missing model or input, empty file).
+local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
+local cli = require "kvlua.util.cli"
+
+local p = cli.parser("JSONL prompts in, JSONL generations out.")
+p:str("--file", "PATH", 'input JSONL (one object per line: "prompt" or "messages", options)', nil, true)
+p:str("--output", "PATH", "output JSONL (default: stdout)", nil, true)
+p:model_options()
+p:str("--shard", "i/n", "run only shard i of n (0-based, by line ranges; see README)", nil, true)
+p:int("--batch", "N", "sessions generating together", 4, 1, 4096)
+p:int("--prefill-chunk", "N", "prompt tokens prefilled per step, between decode steps; 0 = whole prompts",
+  128, 0, cli.MAX_CTX)
+p:int("--max-tokens", "N", "tokens per item at most", 128, 0, cli.MAX_CTX)
+p:sampling_options { temp = 0.0, top_k = 40, top_p = 0.95, min_p = 0.05, repeat_penalty = 1.0, seed = 42 }
+p:ctx_option(0, "prompt + max tokens")
+p:kv("--kv", "K/V storage: f16, q8_0, q4_0, f32, or per layer 'q8_0,0=f16'", "f16")
+p:flag("--ids", 'add the generated token ids ("ids") to each output line')
+p:flag("--no-timings", "leave ttft and tokens_per_s out (byte-identical outputs run to run)")
+p:flag("--quiet", "no progress on stderr")
+p:flag("--json", "print the run's summary as one JSON object on stdout (needs --output)")
+local o = p:parse()
 
 local json = require "kvlua.json"
-local jsonl = require "kvlua.jsonl"
 local chat = require "kvlua.chat"
 local sampling = require "kvlua.sampling"
 local scheduler = require "kvlua.scheduler"
@@ -60,46 +57,49 @@ local progress = require "kvlua.progress"
 
 -- ==== options ================================================================
 
-local function positive_int(name)
-  local v = math.tointeger(o[name])
-  if not v or v < 0 then common.die("option --" .. name .. " needs a non-negative integer\n" .. usage) end
-  return v
+if not o.file then cli.die("missing --file PROMPTS.jsonl (--help lists the options)") end
+if o.json and not o.output then
+  cli.die("--json prints the summary on stdout: give --output PATH for the generations")
 end
-
-if o.file == "" and o._[1] then o.file = o._[1] end
-if o.file == "" then common.die("missing --file PROMPTS.jsonl\n" .. usage) end
-if o.json and o.output == "" then
-  common.die("--json prints the summary on stdout: give --output PATH for the generations")
-end
-local shard = common.shard(o.shard)
-local batch, chunk = positive_int("batch"), positive_int("prefill-chunk")
-if batch < 1 then common.die("option --batch needs at least 1") end
-local ctx = positive_int("ctx")
-local reader = common.jsonl_input(o.file, "--file PROMPTS.jsonl", shard,
+local shard = cli.shard(o.shard)
+local batch, chunk, ctx = o.batch, o.prefill_chunk, o.ctx
+local reader = cli.jsonl_input(o.file, "--file PROMPTS.jsonl", shard,
   function(line, msg) io.stderr:write(string.format("%s:%d: %s\n", o.file, line, msg)) end)
 
-local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
-
-local out, err = io.stdout, nil
-if o.output ~= "" then
-  out, err = io.open(o.output, "wb")
-  if not out then common.die("cannot write " .. err) end
-end
+local model = cli.load(o)
+cli.check_kv(model, o.kv, "--kv")
+local out = cli.output(o.output)
 
 -- ==== items → requests ======================================================
 
 local SAMPLING_KEYS = { temp = "number", top_k = "integer", top_p = "number", min_p = "number",
   repeat_penalty = "number", seed = "integer", max_tokens = "integer" }
 
--- A per-item option, type-checked; the command line's value when absent.
+-- A per-item option, type-checked (a finite number; max_tokens within the
+-- engine's context); the command line's value when absent.
 local function item_opt(item, key, default)
   local v = item[key]
   if v == nil or v == json.null then return default end
   local want = SAMPLING_KEYS[key]
-  if type(v) ~= "number" or (want == "integer" and math.type(v) ~= "integer") then
-    error(string.format("%s must be %s", key, want == "integer" and "an integer" or "a number"), 0)
+  if type(v) ~= "number" or (want == "integer" and math.type(v) ~= "integer") or v ~= v
+      or v == math.huge or v == -math.huge then
+    error(string.format("%s must be %s", key, want == "integer" and "an integer" or "a finite number"), 0)
+  end
+  if key == "max_tokens" and (v < 0 or v > cli.MAX_CTX) then
+    error(string.format("max_tokens must be in 0..%d", cli.MAX_CTX), 0)
   end
   return v
+end
+
+-- The item's "id" for its output line: a string or a finite number (else
+-- the item fails, and its line number stands in).
+local function item_id(item, line)
+  local id = item and item.id
+  if id == nil or id == json.null then return line end
+  if type(id) == "string" or (type(id) == "number" and id == id and id ~= math.huge and id ~= -math.huge) then
+    return id
+  end
+  return line, '"id" must be a string or a finite number'
 end
 
 local function item_stop(item)
@@ -131,20 +131,26 @@ end
 
 -- The scheduler request of one line (with .error when it cannot run).
 local function request(line, item, bad)
-  local req = { line = line, id = item and item.id ~= json.null and item.id or line }
+  local id, id_err = item_id(item, line)
+  local req = { line = line, id = id }
   if not item then
     req.error = bad
     return req
   end
+  if id_err then
+    req.error = id_err
+    io.stderr:write(string.format("%s:%d: %s\n", o.file, line, req.error))
+    return req
+  end
   local ok, e = pcall(function()
     req.prompt = item_prompt(item)
-    req.max_tokens = item_opt(item, "max_tokens", math.tointeger(o["max-tokens"]))
+    req.max_tokens = item_opt(item, "max_tokens", o.max_tokens)
     req.stop = item_stop(item)
     req.sampler = sampling.from_opts {
-      temp = item_opt(item, "temp", o.temp), top_k = item_opt(item, "top_k", math.tointeger(o["top-k"])),
-      top_p = item_opt(item, "top_p", o["top-p"]), min_p = item_opt(item, "min_p", o["min-p"]),
-      repeat_penalty = item_opt(item, "repeat_penalty", o["repeat-penalty"]),
-      seed = item_opt(item, "seed", math.tointeger(o.seed) + line),
+      temp = item_opt(item, "temp", o.temp), top_k = item_opt(item, "top_k", o.top_k),
+      top_p = item_opt(item, "top_p", o.top_p), min_p = item_opt(item, "min_p", o.min_p),
+      repeat_penalty = item_opt(item, "repeat_penalty", o.repeat_penalty),
+      seed = item_opt(item, "seed", o.seed + line),
     }
   end)
   if not ok then
@@ -165,7 +171,7 @@ local function record(r)
   local rec = { id = req.id, text = r.text, tokens = #r.ids, prompt_tokens = r.prompt_tokens,
     finish_reason = r.finish_reason }
   if o.ids then rec.ids = json.array(r.ids) end
-  if not o["no-timings"] then
+  if not o.no_timings then
     rec.ttft = r.ttft
     rec.tokens_per_s = r.tokens_per_s
   end
@@ -176,7 +182,7 @@ end
 
 local total = reader:count_items()
 if total == 0 and not shard then
-  common.die(o.file .. ": no items (only blank lines; one JSON object per line expected)")
+  cli.die(o.file .. ": no items (only blank lines; one JSON object per line expected)")
 end
 local bar = progress.new { total = total, label = "items", mode = o.quiet and "off" or nil }
 local sch = scheduler.new(model, { batch = batch, prefill_chunk = chunk, ctx = ctx > 0 and ctx or nil,
@@ -192,7 +198,7 @@ end
 
 local function sink(r)
   local rec = record(r)
-  jsonl.write(out, rec)
+  out:write(json.encode(rec), "\n")
   stats.items = stats.items + 1
   if rec.error then
     stats.failed = stats.failed + 1
@@ -208,8 +214,7 @@ local function sink(r)
 end
 
 sch:run(next_request, sink)
-out:flush()
-if out ~= io.stdout then out:close() end
+out:close()
 
 local summary = {
   file = o.file, shard = shard and (shard.index .. "/" .. shard.count) or json.null,
@@ -218,9 +223,9 @@ local summary = {
   prefill_tokens = sch.prefill_tokens, decode_steps = sch.steps, seconds = sch.clock,
   tokens_per_s = sch.clock > 0 and stats.tokens / sch.clock or json.null,
   batch = batch, prefill_chunk = chunk,
-  ttft_ms = { p50 = (common.percentile(stats.ttft, 50) or 0) * 1e3, p90 = (common.percentile(stats.ttft, 90) or 0) * 1e3 },
-  itl_ms = { p50 = (common.percentile(stats.itl, 50) or 0) * 1e3, p90 = (common.percentile(stats.itl, 90) or 0) * 1e3,
-    p99 = (common.percentile(stats.itl, 99) or 0) * 1e3 },
+  ttft_ms = { p50 = (cli.percentile(stats.ttft, 50) or 0) * 1e3, p90 = (cli.percentile(stats.ttft, 90) or 0) * 1e3 },
+  itl_ms = { p50 = (cli.percentile(stats.itl, 50) or 0) * 1e3, p90 = (cli.percentile(stats.itl, 90) or 0) * 1e3,
+    p99 = (cli.percentile(stats.itl, 99) or 0) * 1e3 },
   model = model.info.name, threads = model.info.threads,
 }
 bar:finish(string.format("%d items (%d failed), %d tokens in %.2f s of engine time (%.1f tok/s); "
@@ -229,5 +234,5 @@ bar:finish(string.format("%d items (%d failed), %d tokens in %.2f s of engine ti
 if total == 0 then
   io.stderr:write(string.format("%s: shard %s has no items (lines %d..%d)\n", o.file, o.shard, reader.first, reader.last))
 end
-if o.json then print(json.encode(summary)) end
-os.exit(stats.failed > 0 and 1 or 0)
+if o.json then cli.stdout:write(json.encode(summary), "\n") end
+cli.exit(stats.failed > 0 and 1 or 0)

@@ -1,30 +1,36 @@
 #!/usr/bin/env lua5.4
 -- scripts/chat.lua — chat with a model, reusing the KV cache across turns.
 --
--- Interactive by default (type a message, an empty line or EOF quits);
--- with --prompt, answers that one message and exits (for scripts and
--- tests; several --prompt turns can be given separated by "|||").
+-- Interactive by default: type a message; /quit or EOF (Ctrl-D) quits, an
+-- empty line is skipped, Ctrl-C during a reply stops that reply (the
+-- part written so far stays in the conversation) and gives the prompt back.
+-- With --prompt, answers that message and exits (for scripts and tests;
+-- several --prompt turns can be given separated by "|||").
 -- Each turn renders the whole conversation with the model's chat template,
 -- keeps the longest common token prefix with what the session already
 -- holds (so earlier turns are not prefilled again) and prefills the rest.
-local usage = [[
-usage: lua5.4 scripts/chat.lua [--model PATH] [--system TEXT] [--prompt TEXT] [--max-tokens N]
-                               [--temp T] [--seed N] [--ctx N] [--threads N] [--stats]
-]]
-local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
-local o = common.parse(arg, {
-  model = "", system = "", prompt = "", ["max-tokens"] = 256, temp = 0.7, seed = 42,
-  ["top-k"] = 40, ["top-p"] = 0.95, ["min-p"] = 0.05, ctx = 4096, threads = 0, stats = false,
-}, usage)
+local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
+local cli = require "kvlua.util.cli"
+
+local p = cli.parser("Chat with a model, reusing the KV cache across turns (/quit or EOF quits; "
+  .. "Ctrl-C stops a reply).")
+p:model_options()
+p:str("--system", "TEXT", "system message", "")
+p:str("--prompt", "TEXT", "answer these turns (separated by '|||') and exit, instead of reading stdin", nil, true)
+p:int("--max-tokens", "N", "tokens per reply at most", 256, 1, cli.MAX_CTX)
+p:sampling_options { temp = 0.7, top_k = 40, top_p = 0.95, min_p = 0.05, seed = 42 }
+p:ctx_option(4096)
+p:flag("--stats", "print each turn's prompt tokens and the tokens reused from the cache to stderr")
+local o = p:parse()
 
 local chat = require "kvlua.chat"
-local sampling = require "kvlua.sampling"
-local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
-local s = assert(model:session { ctx = math.tointeger(o.ctx) })
-local sampler = sampling.from_opts {
-  temp = o.temp, top_k = math.tointeger(o["top-k"]), top_p = o["top-p"], min_p = o["min-p"],
-  seed = math.tointeger(o.seed),
-}
+local model = cli.load(o)
+local s, serr = model:session { ctx = o.ctx }
+if not s then cli.die(serr) end
+local sampler = cli.sampler(o)
+local out = cli.stdout
 
 local messages = {}
 if o.system ~= "" then messages[1] = { role = "system", content = o.system } end
@@ -36,10 +42,13 @@ local function common_prefix(a, b)
   return n
 end
 
+-- One turn: the reply streamed to stdout. A Ctrl-C while it is generated
+-- (the interpreter raises "interrupted!" at the next instruction) ends the
+-- reply there; returns true when that happened.
 local function turn(user)
   messages[#messages + 1] = { role = "user", content = user }
   local text, err = chat.render(model, messages, { add_generation_prompt = true })
-  if not text then common.die("chat template: " .. err) end
+  if not text then cli.die("chat template: " .. err, 1) end
   local ids = model:tokenize(text, { add_special = true, parse_special = true })
   local have = s:tokens()
   local keep = common_prefix(have, ids)
@@ -48,32 +57,43 @@ local function turn(user)
   local reused = keep
   local rest = table.move(ids, keep + 1, #ids, 1, {})
   local reply = {}
-  for piece in s:generate { prompt = rest, max_tokens = math.tointeger(o["max-tokens"]), sampler = sampler } do
-    io.write(piece)
-    io.flush()
-    reply[#reply + 1] = piece
-  end
-  io.write("\n")
-  if s.finish_reason:match("^error") then common.die(s.finish_reason) end
+  local ok, e = pcall(function()
+    for piece in s:generate { prompt = rest, max_tokens = o.max_tokens, sampler = sampler } do
+      out:write(piece)
+      out:flush()
+      reply[#reply + 1] = piece
+    end
+  end)
+  local interrupted = not ok and tostring(e):find("interrupted!", 1, true) ~= nil
+  if not ok and not interrupted then error(e, 0) end
+  out:write(interrupted and " [stopped]\n" or "\n")
+  if not interrupted and s.finish_reason:match("^error") then cli.die(s.finish_reason, 1) end
   messages[#messages + 1] = { role = "assistant", content = table.concat(reply) }
   if o.stats then
-    local st = s:stats()
     io.stderr:write(string.format("[%d prompt tokens, %d reused from the cache, finish: %s]\n",
-      #ids, reused, s.finish_reason))
-    _ = st
+      #ids, reused, interrupted and "interrupted" or s.finish_reason))
   end
+  return interrupted
 end
 
-if o.prompt ~= "" then
+if o.prompt then
   for user in (o.prompt .. "|||"):gmatch("(.-)|||") do
     if user ~= "" then turn(user) end
   end
 else
   while true do
-    io.write("> ")
-    io.flush()
-    local line = io.read("l")
-    if not line or line == "" then break end
-    turn(line)
+    out:write("> ")
+    out:flush()
+    local ok, line = pcall(io.read, "l")
+    if not ok then -- Ctrl-C at the prompt: a fresh prompt
+      out:write("\n")
+    elseif not line or line == "/quit" then
+      break
+    elseif line:find("%S") then
+      turn(line)
+    end
   end
 end
+s:close()
+model:close()
+cli.exit(0)
