@@ -8,22 +8,34 @@
 -- Decoding: objects and arrays become tables; arrays carry a metatable
 -- (json.is_array(t) is true), so an empty array encodes back as [].
 -- null becomes json.null (a sentinel: a nil would drop the key or end the
--- array). Integral numbers written without a fraction or exponent become
--- Lua integers when they fit. Bad text returns nil, "message at byte N".
+-- array). Numbers read as Lua's tonumber reads them: a literal without a
+-- fraction or exponent is an integer when it fits 64 bits, else a float
+-- (-9223372036854775809 is -2^63 as a float); a magnitude past the
+-- largest double is an infinity (1e400 is math.huge), as Python reads it.
+-- The text must be UTF-8 (RFC 8259): invalid UTF-8 in a string is
+-- refused; a \u escape of a lone surrogate (which Python keeps as is)
+-- becomes U+FFFD, so every decoded string is valid UTF-8. Containers nest
+-- 200 deep at most. Bad text returns nil, "message at byte N". The spec
+-- fuzzes all this against Python's json module.
 --
 -- Encoding: a table is an array when its keys are exactly 1..#t (or it
 -- carries json.array's metatable), else an object whose keys (strings or
 -- numbers) are written in sorted order, so equal values give equal text.
 -- Floats use the shortest %.Ng that reads back the same number; NaN and
--- infinities, functions and cycles raise (misuse). Strings are written as
--- UTF-8; bytes that are not valid UTF-8 become U+FFFD, so the output is
--- always valid JSON. opts.indent = "  " pretty-prints.
+-- infinities, functions, cycles and nesting past 200 levels raise
+-- (misuse). Strings are written as UTF-8; each maximal invalid sequence of
+-- bytes becomes one U+FFFD (Unicode's recommended practice, as Python's
+-- bytes.decode("utf-8", "replace")), so the output is always valid JSON.
+-- opts.indent = "  " pretty-prints.
 
 local M = {}
 
 M.null = setmetatable({}, { __name = "json.null", __tostring = function() return "null" end })
 
 local ARRAY = { __name = "json.array" }
+
+-- Arrays and objects nest at most this deep, in both directions.
+local MAX_DEPTH = 200
 
 --- json.array(t) -> t marked as an array (so {} encodes as []).
 function M.array(t)
@@ -39,28 +51,58 @@ end
 local ESCAPES = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
                   ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
 
--- The bytes of s with every byte that is not part of a valid UTF-8
--- sequence replaced by U+FFFD.
-local function valid_utf8(s)
+-- A UTF-8 sequence's length and the range of its second byte, by lead
+-- byte (Unicode's table 3-7: no overlong forms, no surrogates, nothing
+-- past U+10FFFF); the bytes after the second are 80..BF.
+local function utf8_lead(b)
+  if b < 0x80 then return 1 end
+  if b >= 0xC2 and b <= 0xDF then return 2, 0x80, 0xBF end
+  if b == 0xE0 then return 3, 0xA0, 0xBF end
+  if b == 0xED then return 3, 0x80, 0x9F end
+  if b >= 0xE1 and b <= 0xEF then return 3, 0x80, 0xBF end
+  if b == 0xF0 then return 4, 0x90, 0xBF end
+  if b >= 0xF1 and b <= 0xF3 then return 4, 0x80, 0xBF end
+  if b == 0xF4 then return 4, 0x80, 0x8F end
+  return 0
+end
+
+--- json.replace_invalid_utf8(s) -> s with each maximal invalid subpart
+--- (a lead byte and the continuation bytes that fit it, or one stray
+--- byte) replaced by U+FFFD; valid UTF-8 comes back unchanged. This is
+--- what encode does to strings.
+function M.replace_invalid_utf8(s)
   if utf8.len(s) then return s end
-  local out, i = {}, 1
+  local out, i, start = {}, 1, 1
   while i <= #s do
-    local b = s:byte(i)
-    local len = b >= 0xF0 and 4 or b >= 0xE0 and 3 or b >= 0xC0 and 2 or 1
-    local seq = s:sub(i, i + len - 1)
-    if #seq == len and utf8.len(seq) == 1 then
-      out[#out + 1] = seq
+    local len, lo, hi = utf8_lead(s:byte(i))
+    local k = 0 -- bytes from i that begin a valid sequence
+    if len > 0 then
+      k = 1
+      local c = s:byte(i + 1)
+      if len > 1 and c and c >= lo and c <= hi then
+        k = 2
+        while k < len do
+          c = s:byte(i + k)
+          if not c or c < 0x80 or c > 0xBF then break end
+          k = k + 1
+        end
+      end
+    end
+    if len > 0 and k == len then
       i = i + len
     else
+      out[#out + 1] = s:sub(start, i - 1)
       out[#out + 1] = "\u{FFFD}"
-      i = i + 1
+      i = i + math.max(k, 1)
+      start = i
     end
   end
+  out[#out + 1] = s:sub(start)
   return table.concat(out)
 end
 
 local function encode_string(s)
-  s = valid_utf8(s)
+  s = M.replace_invalid_utf8(s)
   return '"' .. s:gsub('[%c"\\]', function(c)
     return ESCAPES[c] or string.format("\\u%04x", c:byte())
   end) .. '"'
@@ -108,6 +150,7 @@ local encode_value
 
 local function encode_table(t, indent, depth, seen)
   if seen[t] then error("json.encode: a table contains itself", 0) end
+  if depth >= MAX_DEPTH then error("json.encode: tables nest deeper than " .. MAX_DEPTH .. " levels", 0) end
   seen[t] = true
   local nl, pad, sep = "", "", ":"
   if indent then
@@ -169,13 +212,18 @@ local function read_hex4(s, pos)
 end
 
 -- Returns the string starting at the quote at pos, and the position after it.
+-- Raw bytes must be valid UTF-8; only U+0000..U+001F must be escaped
+-- (a raw DEL is text).
 local function read_string(s, pos)
   local out = {}
   local i = pos + 1
   while true do
-    local j = s:find('["\\%c]', i)
+    local j = s:find('[\0-\31"\\]', i)
     if not j then fail("unterminated string", pos) end
-    out[#out + 1] = s:sub(i, j - 1)
+    local raw = s:sub(i, j - 1)
+    local ok, bad = utf8.len(raw)
+    if not ok then fail("invalid UTF-8 in a string", i + bad - 1) end
+    out[#out + 1] = raw
     local c = s:sub(j, j)
     if c == '"' then return table.concat(out), j + 1 end
     if c ~= "\\" then fail("control character in a string", j) end
@@ -210,10 +258,8 @@ local function read_number(s, pos)
   p = p + #frac
   local exp = s:match("^[eE][-+]?%d+", p) or ""
   p = p + #exp
-  local text = int .. frac .. exp
-  local v = tonumber(text)
-  if frac == "" and exp == "" then v = math.tointeger(v) or v end
-  return v, p
+  -- an integer when it fits 64 bits, else a float (which may be +-inf)
+  return tonumber(int .. frac .. exp), p
 end
 
 local read_value
@@ -259,9 +305,11 @@ end
 local LITERALS = { ["true"] = true, ["false"] = false }
 
 function read_value(s, pos, depth)
-  if depth > 200 then fail("nesting too deep", pos) end
   pos = skip_ws(s, pos)
   local c = s:sub(pos, pos)
+  if (c == "{" or c == "[") and depth >= MAX_DEPTH then
+    fail("nesting deeper than " .. MAX_DEPTH .. " levels", pos)
+  end
   if c == "{" then return read_object(s, pos, depth)
   elseif c == "[" then return read_array(s, pos, depth)
   elseif c == '"' then return read_string(s, pos)
@@ -272,7 +320,8 @@ function read_value(s, pos, depth)
   end
   if s:sub(pos, pos + 3) == "null" then return M.null, pos + 4 end
   if c:match("[-%d]") then return read_number(s, pos) end
-  fail("unexpected character '" .. c .. "'", pos)
+  if c:match("^[\33-\126]$") then fail("unexpected character '" .. c .. "'", pos) end
+  fail(string.format("unexpected byte 0x%02x", c:byte()), pos)
 end
 
 -- read_value under pcall: value, next_pos | nil, message; an error that
