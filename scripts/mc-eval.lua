@@ -12,10 +12,18 @@
 -- into the choice (" Paris" after "Answer:"), as lm-evaluation-harness does.
 --
 -- A choice's score is the summed log-probability of its tokens given the
--- context and the choice tokens before them; the length-normalised score
--- divides it by the choice's token count. The prediction is the choice with
--- the highest score (the first of equal ones); `accuracy` counts the summed
--- scores' predictions, `accuracy_norm` the normalised ones'.
+-- context and the choice tokens before them. The prediction is the choice
+-- with the highest score (the first of equal ones), and three scores are
+-- compared, as lm-evaluation-harness (0.4, lm_eval/api/task.py) does for
+-- its metrics:
+--   accuracy            acc:      the summed log-probability
+--   accuracy_norm       acc_norm: divided by the choice's length in
+--                       characters (Unicode code points; Python's len(choice))
+--   accuracy_per_token  divided by the choice's token count (this script's
+--                       earlier accuracy_norm; it depends on the tokenizer)
+-- lm-eval counts a choice without its target delimiter (the " " it puts
+-- before "Paris"); here the choice is counted as the item writes it, with
+-- its leading space.
 --
 -- Sharing. The items of a batch (--batch N) are prefilled first, each in a
 -- session drawn from one kvlua.cache, so a context prefix that earlier items
@@ -39,7 +47,9 @@
 -- Output: a summary on stdout (--json: as one JSON object), and with
 -- --out FILE one line per item in input order:
 --   {"id":, "answer":, "predicted":, "correct":, "predicted_norm":, "correct_norm":,
---    "scores": [summed log-prob per choice], "scores_norm": [...], "tokens": [choice tokens]}
+--    "predicted_per_token":, "correct_per_token":, "scores": [summed log-prob per choice],
+--    "scores_norm": [per character], "scores_per_token": [per token], "tokens": [choice tokens],
+--    "chars": [choice characters]}
 -- or {"id":, "line":, "error": "message"} for an item that could not be
 -- scored (malformed JSON, no choices, an answer out of range, a failing
 -- prefill); such items are reported on stderr with their line numbers and
@@ -47,27 +57,26 @@
 -- of a run, in any order) and prints the summary of the whole.
 --
 -- Exit status: 0 when every item was scored, 1 when some were skipped (or
--- none could be), 2 when the run could not start (bad option, missing model
--- or input, empty file).
-local usage = [[
-usage: lua5.4 scripts/mc-eval.lua --file ITEMS.jsonl [options]
-       lua5.4 scripts/mc-eval.lua --merge OUT1.jsonl OUT2.jsonl ... [--json]
-  --file PATH       items, one JSON object a line: {"context":, "choices": [...], "answer": 0-based index, "id":}
-  --model PATH      GGUF file (default: SmolLM2-135M-Instruct, fetched and cached)
-  --out PATH        per-item results (JSONL: id, scores, predicted, correct, ...)
-  --batch N         items whose contexts are in flight together (default 8)
-  --no-cache        score every choice from scratch (no shared cache, no forks): the same scores
-  --shard i/n       score only shard i of n (0-based, by line ranges; see README)
-  --threads N       CPU threads (default: physical cores)
-  --quiet           no progress on stderr
-  --json            print the summary as one JSON object on stdout
-  --merge           the arguments are per-item files of --out: print their summary
-]]
-local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
-local o = common.parse(arg, {
-  file = "", model = "", out = "", batch = 8, ["no-cache"] = false, shard = "", threads = 0,
-  quiet = false, json = false, merge = false,
-}, usage)
+-- none could be) or the output could not be written, 2 when the run could
+-- not start (bad option, missing model or input, empty file).
+local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
+local cli = require "kvlua.util.cli"
+
+local p = cli.parser("Multiple-choice accuracy by log-likelihood.")
+p:str("--file", "PATH", 'items, one JSON object a line: {"context":, "choices": [...], "answer": 0-based index, "id":}',
+  nil, true)
+p:model_options()
+p:str("--out", "PATH", "per-item results (JSONL: id, scores, predicted, correct, ...)", nil, true)
+p:int("--batch", "N", "items whose contexts are in flight together", 8, 1, 65536)
+p:flag("--no-cache", "score every choice from scratch (no shared cache, no forks): the same scores")
+p:str("--shard", "i/n", "score only shard i of n (0-based, by line ranges; see README)", nil, true)
+p:flag("--quiet", "no progress on stderr")
+p:flag("--json", "print the summary as one JSON object on stdout")
+p.ap:option("--merge", "print the summary of these per-item files of --out (the shards of a run)")
+  :args("+"):argname("FILE")
+local o = p:parse()
 
 local json = require "kvlua.json"
 local jsonl = require "kvlua.jsonl"
@@ -82,79 +91,81 @@ local function fraction(n, d)
 end
 
 -- The accuracy part of a summary, from per-item records (those of --out).
+-- The accuracy part of a summary, from per-item records (those of --out);
+-- nil, message for a record without the fields of a scored item.
 local function tally(records)
-  local t = { total = 0, correct = 0, correct_norm = 0, skipped = 0 }
+  local t = { total = 0, correct = 0, correct_norm = 0, correct_per_token = 0, skipped = 0 }
   for _, r in ipairs(records) do
     if r.error then
       t.skipped = t.skipped + 1
+    elseif type(r.correct) ~= "boolean" or type(r.correct_norm) ~= "boolean"
+        or type(r.correct_per_token) ~= "boolean" then
+      return nil, "a record without correct, correct_norm and correct_per_token (not mc-eval's --out)"
     else
       t.total = t.total + 1
       if r.correct then t.correct = t.correct + 1 end
       if r.correct_norm then t.correct_norm = t.correct_norm + 1 end
+      if r.correct_per_token then t.correct_per_token = t.correct_per_token + 1 end
     end
   end
   t.accuracy, t.accuracy_norm = fraction(t.correct, t.total), fraction(t.correct_norm, t.total)
+  t.accuracy_per_token = fraction(t.correct_per_token, t.total)
   return t
 end
 
 local function accuracy_line(t)
   local function pct(x) return x == json.null and "n/a" or string.format("%.1f%%", 100 * x) end
-  return string.format("accuracy %d/%d = %s (length-normalised %d/%d = %s)%s", t.correct, t.total,
-    pct(t.accuracy), t.correct_norm, t.total, pct(t.accuracy_norm),
-    t.skipped > 0 and string.format("; %d items skipped", t.skipped) or "")
+  return string.format("accuracy %d/%d = %s (acc_norm, per character: %d/%d = %s; per token: %d/%d = %s)%s",
+    t.correct, t.total, pct(t.accuracy), t.correct_norm, t.total, pct(t.accuracy_norm), t.correct_per_token,
+    t.total, pct(t.accuracy_per_token), t.skipped > 0 and string.format("; %d items skipped", t.skipped) or "")
 end
 
 local function report(summary, text)
-  if o.json then print(json.encode(summary)) else io.stdout:write(text, "\n") end
+  cli.stdout:write(o.json and json.encode(summary) or text, "\n")
 end
 
 -- --merge: the summary of per-item files.
 if o.merge then
-  if #o._ == 0 then common.die("--merge needs the per-item files of --out\n" .. usage) end
   local records = {}
-  for _, path in ipairs(o._) do
-    local reader, err = jsonl.open(common.input_file(path)) -- (an empty shard's file is empty)
-    if not reader then common.die("cannot read " .. err) end
+  for _, path in ipairs(o.merge) do
+    local reader, err = jsonl.open(cli.input_file(path)) -- (an empty shard's file is empty)
+    if not reader then cli.die("cannot read " .. err) end
     for line, rec, bad in reader:items() do
-      if not rec then common.die(string.format("%s:%d: %s", path, line, bad)) end
+      if not rec then cli.die(string.format("%s:%d: %s", path, line, bad)) end
       records[#records + 1] = rec
     end
   end
-  local t = tally(records)
-  t.files = json.array(o._)
+  local t, terr = tally(records)
+  if not t then cli.die(terr) end
+  t.files = json.array(o.merge)
   report(t, accuracy_line(t))
-  os.exit(t.total > 0 and 0 or 1)
+  cli.exit(t.total > 0 and 0 or 1)
 end
 
 -- ==== options ================================================================
 
-if o.file == "" and o._[1] then o.file = o._[1] end
-if o.file == "" then common.die("missing --file ITEMS.jsonl\n" .. usage) end
-local batch = math.tointeger(o.batch)
-if not batch or batch < 1 then common.die("option --batch needs a positive integer") end
-local shard = common.shard(o.shard)
+if not o.file then cli.die("missing --file ITEMS.jsonl (--help lists the options)") end
+local batch = o.batch
+local shard = cli.shard(o.shard)
 
 local function complain(line, msg)
   io.stderr:write(string.format("%s:%d: %s\n", o.file, line, msg))
 end
-local reader = common.jsonl_input(o.file, "--file ITEMS.jsonl", shard, complain)
+local reader = cli.jsonl_input(o.file, "--file ITEMS.jsonl", shard, complain)
 if reader:count_items() == 0 and not shard then
-  common.die(o.file .. ": no items (only blank lines; one JSON object per line expected)")
+  cli.die(o.file .. ": no items (only blank lines; one JSON object per line expected)")
 end
 
-local model = common.load(common.model_path(o.model), o.threads)
-local out, err
-if o.out ~= "" then
-  out, err = io.open(o.out, "wb")
-  if not out then common.die("cannot write " .. err) end
-end
+local model = cli.load(o)
+local out = o.out and cli.output(o.out)
 
 -- ==== items → tasks ==========================================================
 
 -- The task of a well-formed item: {line, id, context = ids, choices = {ids...}, answer = 1-based},
 -- or raises a message.
 local function task_of(line, item)
-  local id = item.id ~= nil and item.id ~= json.null and item.id or line
+  local id, id_err = cli.item_id(item, line)
+  if id_err then error(id_err, 0) end
   if type(item.context) ~= "string" then error('the item needs "context" (a string)', 0) end
   local choices = item.choices
   if type(choices) ~= "table" or not json.is_array(choices) or #choices == 0 then
@@ -165,11 +176,13 @@ local function task_of(line, item)
     error(string.format('"answer" must be a 0-based index below %d (the number of choices), not %s',
       #choices, json.encode(answer)), 0)
   end
-  local t = { line = line, id = id, answer = answer + 1, choices = {},
+  local t = { line = line, id = id, answer = answer + 1, choices = {}, chars = {},
     context = model:tokenize(item.context, { add_special = true, parse_special = false }) }
   if #t.context == 0 then error("the context has no tokens", 0) end
   for k, c in ipairs(choices) do
     if type(c) ~= "string" then error(string.format("choice %d is not a string", k - 1), 0) end
+    t.chars[k] = utf8.len(c)
+    if not t.chars[k] then error(string.format("choice %d is not valid UTF-8", k - 1), 0) end
     t.choices[k] = model:tokenize(c, { add_special = false, parse_special = false })
     if #t.choices[k] == 0 then error(string.format("choice %d has no tokens", k - 1), 0) end
   end
@@ -185,7 +198,7 @@ local function read_tasks()
     if not item or not ok then
       local msg = item and tostring(t) or bad
       if item then complain(line, msg) end -- (the reader reported malformed lines)
-      t = { line = line, id = item and item.id ~= json.null and item.id or line, error = msg }
+      t = { line = line, id = cli.item_id(item, line), error = msg }
     end
     tasks[#tasks + 1] = t
   end
@@ -317,7 +330,7 @@ local function make_cache(tasks)
   end
   local kvlua = require "kvlua"
   local cache, cerr = kvlua.cache(model, { pages = 2 * widest, page_tokens = PAGE_TOKENS })
-  if not cache then common.die("kvlua.cache: " .. cerr) end
+  if not cache then cli.die("kvlua.cache: " .. cerr, 1) end
   return cache
 end
 
@@ -332,22 +345,24 @@ end
 -- The output record of a scored (or failed) task.
 local function record(t)
   if t.error then return { id = t.id, line = t.line, error = t.error } end
-  local scores, norm, tokens = {}, {}, {}
+  local scores, norm, per_token, tokens = {}, {}, {}, {}
   for k, lp in ipairs(t.logprobs) do
     local sum = 0
     for _, x in ipairs(lp) do sum = sum + x end
-    scores[k], norm[k], tokens[k] = sum, sum / #lp, #lp
+    scores[k], norm[k], per_token[k], tokens[k] = sum, sum / t.chars[k], sum / #lp, #lp
   end
-  local p, pn = argmax(scores), argmax(norm)
+  local p, pn, pt = argmax(scores), argmax(norm), argmax(per_token)
   return { id = t.id, answer = t.answer - 1, predicted = p - 1, correct = p == t.answer,
     predicted_norm = pn - 1, correct_norm = pn == t.answer,
-    scores = json.array(scores), scores_norm = json.array(norm), tokens = json.array(tokens) }
+    predicted_per_token = pt - 1, correct_per_token = pt == t.answer,
+    scores = json.array(scores), scores_norm = json.array(norm), scores_per_token = json.array(per_token),
+    tokens = json.array(tokens), chars = json.array(t.chars) }
 end
 
 -- ==== the run ================================================================
 
 local tasks = read_tasks()
-local cache = not o["no-cache"] and make_cache(tasks) or nil
+local cache = not o.no_cache and make_cache(tasks) or nil
 local bar = progress.new { total = #tasks, label = "items", mode = o.quiet and "off" or nil }
 local records = {}
 for i = 1, #tasks, batch do
@@ -367,7 +382,7 @@ for i = 1, #tasks, batch do
   for j = i, math.min(i + batch - 1, #tasks) do
     local t = tasks[j]
     records[j] = record(t)
-    if out then jsonl.write(out, records[j]) end
+    if out then out:write(json.encode(records[j]), "\n") end
   end
   bar:update(#records)
 end
@@ -391,5 +406,4 @@ report(summary, string.format("%s\nprefill tokens: %d computed, %d for a from-sc
   .. "; %d reused from the cache; %.2f s of engine time", accuracy_line(summary), counts.computed,
   counts.naive, saved, counts.naive > 0 and string.format("%.1f%%", 100 * saved / counts.naive) or "n/a",
   counts.reused, counts.seconds))
-if summary.skipped > 0 or (summary.total == 0 and #tasks > 0) then os.exit(1) end
-os.exit(0)
+cli.exit((summary.skipped > 0 or (summary.total == 0 and #tasks > 0)) and 1 or 0)

@@ -104,31 +104,70 @@ describe("scripts/mc-eval.lua on a float model", function()
         assert.equals(it.id or i, out[i].id)
         assert.same(scores, out[i].scores, "item " .. i)
         assert.same(ntok, out[i].tokens, "item " .. i)
-        for k = 1, #scores do assert.equals(scores[k] / ntok[k], out[i].scores_norm[k]) end
+        for k = 1, #scores do
+          -- lm-eval's acc_norm: per character of the choice (Python's len), here all ASCII
+          assert.equals(#it.choices[k], out[i].chars[k])
+          assert.equals(scores[k] / #it.choices[k], out[i].scores_norm[k])
+          assert.equals(scores[k] / ntok[k], out[i].scores_per_token[k])
+        end
         assert.equals(it.answer, out[i].answer)
       end
     end
     model:close()
   end)
 
-  it("the prediction is the best score's choice, summed and per token", function()
+  it("the prediction is the best score's choice, summed, per character and per token", function()
     local r, text = mc_eval { "--model", tiny_path, "--file", input, "--json" }
     assert_ok(r)
     local j = json_decode(r.out)
-    local correct, correct_norm = 0, 0
+    local correct, correct_norm, correct_per_token = 0, 0, 0
     for _, rec in ipairs(jsonl_lines(text)) do
       for k = 1, #rec.scores do
         assert.is_true(rec.scores[rec.predicted + 1] >= rec.scores[k])
         assert.is_true(rec.scores_norm[rec.predicted_norm + 1] >= rec.scores_norm[k])
+        assert.is_true(rec.scores_per_token[rec.predicted_per_token + 1] >= rec.scores_per_token[k])
       end
       assert.equals(rec.predicted == rec.answer, rec.correct)
       assert.equals(rec.predicted_norm == rec.answer, rec.correct_norm)
+      assert.equals(rec.predicted_per_token == rec.answer, rec.correct_per_token)
       if rec.correct then correct = correct + 1 end
       if rec.correct_norm then correct_norm = correct_norm + 1 end
+      if rec.correct_per_token then correct_per_token = correct_per_token + 1 end
     end
-    assert.same({ #TINY_ITEMS, correct, correct_norm, 0 }, { j.total, j.correct, j.correct_norm, j.skipped })
+    assert.same({ #TINY_ITEMS, correct, correct_norm, correct_per_token, 0 },
+      { j.total, j.correct, j.correct_norm, j.correct_per_token, j.skipped })
     assert.equals(correct / #TINY_ITEMS, j.accuracy)
     assert.equals(correct_norm / #TINY_ITEMS, j.accuracy_norm)
+    assert.equals(correct_per_token / #TINY_ITEMS, j.accuracy_per_token)
+  end)
+
+  -- lm-evaluation-harness 0.4 (lm_eval/api/task.py, multiple_choice):
+  --   completion_len = np.array([float(len(i)) for i in choices])
+  --   pred_norm = np.argmax(lls / completion_len)
+  -- len of a Python str: code points ("éééé" is 4, though 8 bytes and 5 tokens here).
+  it("accuracy_norm divides by the choice's characters, as lm-eval's acc_norm; per token is apart", function()
+    local item = { context = PREFIX .. "Hello", choices = { "éééé", "??" } }
+    local model = assert(kvlua.load(tiny_path, { threads = 1 }))
+    local scores, ntok = reference_scores(model, item)
+    model:close()
+    local chars = { 4, 2 } -- by hand: len("éééé"), len("??")
+    local function best(xs) return xs[1] >= xs[2] and 0 or 1 end
+    local want_sum = best(scores)
+    local want_norm = best { scores[1] / chars[1], scores[2] / chars[2] }
+    local want_tok = best { scores[1] / ntok[1], scores[2] / ntok[2] }
+    -- the example separates the two normalisations (this model: 5 and 3 tokens)
+    assert.are_not.equal(want_norm, want_tok)
+    local file = write(string.format('{"context": %q, "choices": ["éééé", "??"], "answer": %d}\n', item.context,
+      want_norm))
+    local r, text = mc_eval { "--model", tiny_path, "--file", file, "--json" }
+    os.remove(file)
+    assert_ok(r)
+    local rec = jsonl_lines(text)[1]
+    assert.same(chars, rec.chars)
+    assert.same({ want_sum, want_norm, want_tok }, { rec.predicted, rec.predicted_norm, rec.predicted_per_token })
+    assert.same({ scores[1] / 4, scores[2] / 2 }, rec.scores_norm)
+    local j = json_decode(r.out)
+    assert.same({ 1, 0 }, { j.accuracy_norm, j.accuracy_per_token })
   end)
 
   it("reports bad items with their line numbers, scores the others, and exits 1", function()
@@ -178,7 +217,7 @@ describe("scripts/mc-eval.lua on a float model", function()
       { { "--model", tiny_path }, "missing %-%-file" },
       { { "--model", tiny_path, "--file", one, "--batch", "0" }, "%-%-batch" },
       { { "--model", tiny_path, "--file", one, "--shard", "2/2" }, "0 <= i < n" },
-      { { "--merge" }, "%-%-merge needs" },
+      { { "--merge" }, "%-%-merge" },
       { { "--merge", "/nonexistent/out.jsonl" }, "out.jsonl" },
       { { "--no-such-option" }, "unknown option %-%-no%-such%-option" },
     }
@@ -259,7 +298,8 @@ describe("scripts/mc-eval.lua on SmolLM2 and the shipped example", function()
     for name, args in pairs { batch1 = { "--batch", "1", "--threads", "1" }, nocache = { "--no-cache", "--batch", "3" } } do
       local got = cached_run(name, args)
       assert.equals(want.out, got.out, name)
-      assert.same({ want.j.accuracy, want.j.accuracy_norm }, { got.j.accuracy, got.j.accuracy_norm })
+      assert.same({ want.j.accuracy, want.j.accuracy_norm, want.j.accuracy_per_token },
+        { got.j.accuracy, got.j.accuracy_norm, got.j.accuracy_per_token })
     end
   end)
 
@@ -282,7 +322,8 @@ describe("scripts/mc-eval.lua on SmolLM2 and the shipped example", function()
     os.execute("rm -rf " .. S.shell_quote(dir))
     assert_ok(r)
     local m = json_decode(r.out)
-    for _, k in ipairs { "total", "correct", "correct_norm", "accuracy", "accuracy_norm", "skipped" } do
+    for _, k in ipairs { "total", "correct", "correct_norm", "correct_per_token", "accuracy", "accuracy_norm",
+                         "accuracy_per_token", "skipped" } do
       assert.equals(want.j[k], m[k], k)
     end
   end)
