@@ -167,6 +167,27 @@ function Parser:choice(name, choices, desc, default)
   end)
 end
 
+-- A comma-separated list whose every item passes check(item) -> value | nil,
+-- "what an item takes"; the option's value is the array of values.
+function Parser:list(name, argname, desc, default, check)
+  local parsed
+  if default ~= nil then
+    parsed = {}
+    for item in default:gmatch("[^,]+") do parsed[#parsed + 1] = assert(check(item)) end
+  end
+  local o = self:option(name, argname, desc, default, function(s)
+    local t = {}
+    for item in (s .. ","):gmatch("([^,]*),") do
+      local v, want = check(item)
+      if v == nil then return nil, "a comma-separated list (each item " .. want .. ")" end
+      t[#t + 1] = v
+    end
+    return t
+  end)
+  if parsed then o:init(parsed) end
+  return o
+end
+
 function Parser:flag(name, desc)
   return self.ap:flag(name, desc)
 end
@@ -324,6 +345,19 @@ function M.check_kv(model, types, option)
     end
   end
   return types
+end
+
+--- cli.item_id(item, line) -> id [, message]: a JSONL item's "id" for its
+--- output line: a string or a finite number; when absent the line number,
+--- and when it is something else the line number and why it is refused.
+function M.item_id(item, line)
+  local json = require "kvlua.json"
+  local id = type(item) == "table" and item.id or nil
+  if id == nil or id == json.null then return line end
+  if type(id) == "string" or (type(id) == "number" and id == id and id ~= math.huge and id ~= -math.huge) then
+    return id
+  end
+  return line, '"id" must be a string or a finite number'
 end
 
 -- ==== output that must be written ==================================================
