@@ -75,7 +75,7 @@ describe("agent.registry", function()
   it("turns every failure into false and a message the model can read", function()
     local reg = fail_tool(add_tool(agent.registry()))
     local cases = {
-      { "nope", {}, "no tool named 'nope'" },
+      { "nope", {}, "no tool named 'nope' (the tools: add, fail)" },
       { "add", { a = 1 }, "missing argument 'b'" },
       { "add", { a = 1, b = "2" }, "argument 'b' must be a number" },
       { "add", { a = 1, b = 2, c = 3 }, "unknown argument 'c'" },
@@ -206,7 +206,8 @@ describe("agent:turn", function()
       if m.content:find("^RESULT") then results[#results + 1] = m.content end
     end
     assert.same({ "RESULT add: 5", -- the worked example
-      "RESULT fail: error: broken: test", "RESULT nope: error: no tool named 'nope'" }, table.move(results, 1, 3, 1, {}))
+      "RESULT fail: error: broken: test", "RESULT nope: error: no tool named 'nope' (the tools: add, fail)" },
+      table.move(results, 1, 3, 1, {}))
     assert.matches("^RESULT %?: error: the tool call is not a JSON object", results[4])
     a:close()
   end)

@@ -15,7 +15,35 @@
 --           bytes.decode("utf-8", "replace") and the Unicode standard do
 --   json 6  decode and encode fuzzed against Python's json module: same
 --           verdict and equal values for several thousand documents
+--   agent 1 model output {"tool": "echo", "x": 1e999}: inf reached the tool,
+--           and a:turn raised when it went into JSON (a tool returning its
+--           arguments, the script's report)
+--   agent 2 a tool returning a cyclic table (or one holding NaN or a
+--           function) made a:turn raise; a string in it that is not UTF-8
+--           went to the model as U+FFFD
+--   agent 3 a tool result or a model reply that is not valid UTF-8 made
+--           the next render raise (chat.render refuses it), and so every
+--           later turn; a user message too, after joining the conversation
+--   agent 4 a tool returning a function, a userdata, NaN or infinity gave
+--           "function: 0x..." or "-nan" to the model as a success
+--   agent 5 a tool that yields: "attempt to yield from outside a
+--           coroutine", or, inside a coroutine, the turn itself suspended
+--   agent 6 a tool raising an error object whose __tostring raises made
+--           a:turn raise; an error message that is not UTF-8 went as is
+--   agent 7 a huge result went to the model whole (a turn that no longer
+--           fits the context); now cut at max_result_bytes, saying so
+--   agent 8 argument types: an integer parameter refused 2.0 (an integer
+--           for JSON Schema); a number parameter took an infinity
+--   agent 9 a call naming an unknown tool now lists the tools
+--
+-- The agent runs on a tiny random model whose replies come from a
+-- scripted sampler (byte tokens spelling a text, then EOS), as in
+-- spec/agent_spec.lua.
+local kvlua = require "kvlua"
+local agent = require "kvlua.agent"
 local json = require "kvlua.json"
+local tiny = require "spec.support.tiny_models"
+local script = require("spec.support.samplers").script
 local files = require "spec.support.files"
 
 -- ==== a reference: Python's json module ========================================
@@ -456,4 +484,309 @@ describe("json 6: fuzzed against Python's json", function()
       end
       assert.equals(0, #bad, table.concat(bad, "\n", 1, math.min(#bad, 5)))
     end)
+end)
+
+-- ==== agent findings ==============================================================
+
+local EOS = 2
+
+local model
+setup(function()
+  model = assert(kvlua.load(tiny.llama { vocab = "bytes", seed = 4 }, { threads = 1 }))
+end)
+teardown(function()
+  if model then model:close() end
+  tiny.cleanup()
+end)
+
+-- A sampler spelling its arguments, one byte token a byte; EOS for EOS.
+local function spell(...)
+  local ids = {}
+  for _, part in ipairs { ... } do
+    if part == EOS then
+      ids[#ids + 1] = EOS
+    else
+      for i = 1, #part do ids[#ids + 1] = tiny.id(part:byte(i)) end
+    end
+  end
+  return script(ids)
+end
+
+-- A sampler whose replies are the texts, each ended by EOS.
+local function replies(...)
+  local parts = {}
+  for _, text in ipairs { ... } do
+    parts[#parts + 1] = text
+    parts[#parts + 1] = EOS
+  end
+  return spell(table.unpack(parts))
+end
+
+-- A registry of one tool: name, fn, parameters.
+local function tool(name, fn, parameters)
+  return agent.registry():add { name = name, fn = fn, parameters = parameters or {} }
+end
+
+local function new_agent(reg, sampler, opts)
+  local o = { tools = reg, template = "chatml", sampler = sampler, max_tokens = 512, ctx = 4096 }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return assert(agent.new(model, o))
+end
+
+-- The RESULT messages of the text protocol, in order.
+local function results(a)
+  local out = {}
+  for _, m in ipairs(a.messages) do
+    if m.role == "user" and m.content:find("^RESULT ") then out[#out + 1] = m.content end
+  end
+  return out
+end
+
+local ECHO_X = { { name = "x", type = "number", optional = true } }
+
+describe("agent 1: a number past the largest double in a call", function()
+  it("goes back to the model as an error, and the loop goes on", function()
+    local seen = {}
+    local reg = tool("echo", function(args)
+      seen[#seen + 1] = args.x
+      return args
+    end, ECHO_X)
+    local a = new_agent(reg, replies('{"tool":"echo","x":1e999}', '{"tool":"echo","x":-1' .. string.rep("0", 400) .. "}",
+      '{"tool":"echo","x":1.5}', "Done."))
+    local reply, info = a:turn("Echo.")
+    assert.equals("Done.", reply)
+    assert.same({ 1.5 }, seen) -- the tool never saw an infinity
+    assert.same({ "RESULT echo: error: the call's arguments cannot be used: inf has no JSON form",
+      "RESULT echo: error: the call's arguments cannot be used: -inf has no JSON form",
+      'RESULT echo: {"x":1.5}' }, results(a))
+    assert.same({ name = "echo", ok = false,
+      result = "the call's arguments cannot be used: inf has no JSON form" }, info.tool_calls[1])
+    -- the turn's record and the conversation stay writable as JSON
+    assert.is_string(json.encode { info.tool_calls, a.messages })
+    a:close()
+  end)
+
+  it("the same in the hermes format", function()
+    local a = new_agent(tool("echo", function(args) return args end, ECHO_X),
+      spell('<tool_call>\n{"name": "echo", "arguments": {"x": 1e400}}\n</tool_call>', "No.", EOS),
+      { protocol = "hermes" })
+    local reply = a:turn("Echo.")
+    assert.equals("No.", reply)
+    assert.equals("<tool_response>\nerror: the call's arguments cannot be used: inf has no JSON form\n</tool_response>",
+      a.messages[#a.messages - 1].content)
+    a:close()
+  end)
+end)
+
+describe("agent 2: a result that cannot be written as JSON", function()
+  it("a cyclic table goes back to the model as an error, and the loop goes on", function()
+    local a = new_agent(tool("loop", function()
+      local t = {}
+      t.self = t
+      return t
+    end), replies('{"tool": "loop"}', "Sorry."))
+    local reply, info = a:turn("Go.")
+    assert.equals("Sorry.", reply)
+    assert.is_false(info.tool_calls[1].ok)
+    assert.same({ "RESULT loop: error: the tool's result cannot be written as JSON: a table contains itself" }, results(a))
+    a:close()
+  end)
+
+  it("so do tables holding NaN, a function, or a string that is not UTF-8", function()
+    local cases = {
+      { { x = 0 / 0 }, "the tool's result cannot be written as JSON: " .. tostring(0 / 0) .. " has no JSON form" },
+      { { f = print }, "the tool's result cannot be written as JSON: a function has no JSON form" },
+      { { "ok", { s = "a\xffb" } }, "the tool's result holds a string that is not valid UTF-8" },
+      { { ["k\xc3"] = 1 }, "the tool's result holds a string that is not valid UTF-8" },
+    }
+    for _, c in ipairs(cases) do
+      local reg = tool("t", function() return c[1] end)
+      assert.same({ false, c[2] }, { reg:call("t", {}) })
+    end
+  end)
+end)
+
+describe("agent 3: text that is not valid UTF-8", function()
+  it("a tool's result: an error to the model", function()
+    local a = new_agent(tool("bytes", function() return "ab\xff" end), replies('{"tool": "bytes"}', "Hm.", "Bye."))
+    assert.equals("Hm.", a:turn("Read."))
+    assert.same({ "RESULT bytes: error: the tool's result is not valid UTF-8 (byte 3)" }, results(a))
+    assert.equals("Bye.", a:turn("Again.")) -- the next turn renders
+    a:close()
+  end)
+
+  it("a model's reply (a generation cut in a character): kept with U+FFFD, and the next turn renders", function()
+    local a = new_agent(tool("t", function() return "x" end), replies("bad \xf0\x9f reply", '{"tool": "t"} \xff', "ok",
+      "last"))
+    assert.equals("bad \u{FFFD} reply", a:turn("One."))
+    assert.equals("ok", a:turn("Two."))
+    assert.same({ "RESULT t: x" }, results(a))
+    assert.equals("last", a:turn("Three."))
+    a:close()
+  end)
+
+  it("a user's message: raises (misuse) before joining the conversation", function()
+    local a = new_agent(tool("t", function() return "x" end), replies("fine"))
+    local n = #a.messages
+    assert.has_error(function() a:turn("caf\xe9") end, "agent:turn: the user's message must be valid UTF-8")
+    assert.equals(n, #a.messages)
+    assert.equals("fine", a:turn("café"))
+    a:close()
+  end)
+end)
+
+describe("agent 4: results that have no text", function()
+  it("a function, a userdata, a coroutine, NaN or an infinity is an error; nil is null", function()
+    local cases = {
+      { print, "the tool returned a function, not a string, number, boolean or table" },
+      { io.stdout, "the tool returned a userdata, not a string, number, boolean or table" },
+      { coroutine.create(print), "the tool returned a thread, not a string, number, boolean or table" },
+      { 0 / 0, "the tool returned " .. tostring(0 / 0) .. ", a number JSON cannot hold" },
+      { -math.huge, "the tool returned -inf, a number JSON cannot hold" },
+    }
+    for _, c in ipairs(cases) do
+      local reg = tool("t", function() return c[1] end)
+      assert.same({ false, c[2] }, { reg:call("t", {}) })
+    end
+    assert.same({ true, "null" }, { tool("t", function() end):call("t", {}) })
+    assert.same({ true, "null" }, { tool("t", function() return nil end):call("t", {}) })
+    assert.same({ true, "2.5" }, { tool("t", function() return 2.5 end):call("t", {}) })
+    assert.same({ true, "false" }, { tool("t", function() return false end):call("t", {}) })
+  end)
+
+  it("in a turn, the model reads the error and the loop goes on", function()
+    local a = new_agent(tool("fn", function() return print end), replies('{"tool": "fn"}', "Ok."))
+    local reply, info = a:turn("Go.")
+    assert.equals("Ok.", reply)
+    assert.same({ name = "fn", arguments = {}, ok = false,
+      result = "the tool returned a function, not a string, number, boolean or table" }, info.tool_calls[1])
+    a:close()
+  end)
+end)
+
+describe("agent 5: a tool that yields", function()
+  local closed
+  local function yielding()
+    return tool("y", function()
+      local guard <close> = setmetatable({}, { __close = function() closed = true end })
+      coroutine.yield("suspend me")
+      return "never"
+    end)
+  end
+
+  it("is an error to the model, outside a coroutine", function()
+    closed = false
+    local a = new_agent(yielding(), replies('{"tool": "y"}', "Ok."))
+    assert.equals("Ok.", a:turn("Go."))
+    assert.same({ "RESULT y: error: the tool yielded instead of returning its result" }, results(a))
+    assert.is_true(closed) -- its to-be-closed variables were closed
+    a:close()
+  end)
+
+  it("does not suspend a turn running in a coroutine", function()
+    local a = new_agent(yielding(), replies('{"tool": "y"}', "Ok."))
+    local co = coroutine.wrap(function() return "returned", a:turn("Go.") end)
+    local first, reply = co()
+    assert.equals("returned", first)
+    assert.equals("Ok.", reply)
+    assert.same({ "RESULT y: error: the tool yielded instead of returning its result" }, results(a))
+    a:close()
+  end)
+end)
+
+describe("agent 6: errors raised by a tool", function()
+  it("an error object whose __tostring raises: an error to the model", function()
+    local bad = setmetatable({}, { __tostring = function() error("no text") end })
+    local a = new_agent(tool("t", function() error(bad) end), replies('{"tool": "t"}', "Ok."))
+    assert.equals("Ok.", a:turn("Go."))
+    assert.same({ "RESULT t: error: the tool raised an error that cannot be written as text" }, results(a))
+    a:close()
+  end)
+
+  it("a message that is not UTF-8 gets U+FFFD; a non-string error its tostring", function()
+    assert.same({ false, "bad \u{FFFD} input" }, { tool("t", function() error("bad \xff input") end):call("t", {}) })
+    assert.same({ false, "42" }, { tool("t", function() error(42) end):call("t", {}) })
+    assert.same({ false, "nil" }, { tool("t", function() error() end):call("t", {}) })
+  end)
+end)
+
+describe("agent 7: a huge result", function()
+  it("is cut at max_result_bytes on a character boundary, and says so", function()
+    local big = string.rep("é", 100) -- 200 bytes
+    local a = new_agent(tool("big", function() return big end), replies('{"tool": "big"}', "Long."),
+      { max_result_bytes = 101 })
+    local reply, info = a:turn("Go.")
+    assert.equals("Long.", reply)
+    local want = string.rep("é", 50) .. "\n[cut: the first 100 of 200 bytes]"
+    assert.same({ name = "big", arguments = {}, ok = true, result = want }, info.tool_calls[1])
+    assert.same({ "RESULT big: " .. want }, results(a))
+    a:close()
+  end)
+
+  it("an error message is cut the same way", function()
+    local a = new_agent(tool("e", function() error(string.rep("x", 50), 0) end), replies('{"tool": "e"}', "Ok."),
+      { max_result_bytes = 10 })
+    a:turn("Go.")
+    assert.same({ "RESULT e: error: xxxxxxxxxx\n[cut: the first 10 of 50 bytes]" }, results(a))
+    a:close()
+  end)
+
+  it("max_result_bytes must be a positive integer", function()
+    for _, bad in ipairs { 0, -1, 1.5, "10" } do
+      assert.has_error(function() agent.new(model, { max_result_bytes = bad }) end,
+        "agent.new: max_result_bytes must be a positive integer")
+    end
+  end)
+end)
+
+describe("agent 8: argument types", function()
+  local got
+  local reg = agent.registry():add {
+    name = "f", fn = function(args) got = args return "ok" end,
+    parameters = { { name = "n", type = "integer", optional = true }, { name = "x", type = "number", optional = true },
+      { name = "s", type = "string", optional = true }, { name = "b", type = "boolean", optional = true } },
+  }
+
+  it("an integer parameter takes an integral float as an integer (JSON Schema counts 2.0 as an integer)", function()
+    assert.same({ true, "ok" }, { reg:call("f", { n = 2.0 }) })
+    assert.equals("integer", math.type(got.n))
+    assert.equals(2, got.n)
+  end)
+
+  it("refuses, naming the argument, what does not fit the declared type", function()
+    local cases = {
+      { { n = 2.5 }, "argument 'n' must be an integer" },
+      { { n = 2.0 ^ 63 }, "argument 'n' must be an integer" },
+      { { n = "2" }, "argument 'n' must be an integer" },
+      { { x = math.huge }, "argument 'x' must be a finite number" },
+      { { x = 0 / 0 }, "argument 'x' must be a finite number" },
+      { { x = "1" }, "argument 'x' must be a number" },
+      { { s = 1 }, "argument 's' must be a string" },
+      { { s = { "a" } }, "argument 's' must be a string" },
+      { { b = "true" }, "argument 'b' must be a boolean" },
+      { { z = 1 }, "unknown argument 'z'" },
+    }
+    for _, c in ipairs(cases) do
+      got = nil
+      assert.same({ false, c[2] }, { reg:call("f", c[1]) })
+      assert.is_nil(got) -- the tool did not run
+    end
+  end)
+
+  it("in a turn: the model reads which argument is wrong", function()
+    local a = new_agent(reg, replies('{"tool": "f", "n": 1.5, "s": "x"}', '{"tool": "f", "n": 3.0}', "Ok."))
+    assert.equals("Ok.", a:turn("Go."))
+    assert.same({ "RESULT f: error: argument 'n' must be an integer", "RESULT f: ok" }, results(a))
+    assert.equals("integer", math.type(got.n))
+    a:close()
+  end)
+end)
+
+describe("agent 9: a call naming an unknown tool", function()
+  it("is an error that lists the tools", function()
+    local a = new_agent(tool("t", function() return "x" end), replies('{"tool": "nope"}', "Ok."))
+    assert.equals("Ok.", a:turn("Go."))
+    assert.same({ "RESULT nope: error: no tool named 'nope' (the tools: t)" }, results(a))
+    a:close()
+  end)
 end)

@@ -18,18 +18,22 @@
 --      with what it holds (rewinding what differs) and prefills only the
 --      rest, so a turn costs its new tokens, not the whole conversation;
 --   2. the model generates a reply; the protocol parses it;
---   3. a tool call runs the tool (pcall): its result, or "error: ..." when
---      the arguments are wrong or the tool raises, goes back to the model
---      as a message and the loop goes on.
+--   3. a tool call runs the tool (in a coroutine of its own): its result,
+--      or "error: ..." when the call cannot be read, names no tool, has
+--      wrong arguments (or numbers past a double, 1e999), or the tool
+--      raises, yields or returns what has no text, goes back to the model
+--      as a message (cut at max_result_bytes) and the loop goes on.
 -- info.ttft is the first prefill of the turn in engine seconds (the time
 -- to the first token); info.rounds has one entry per generation.
 --
 -- Tools: name ([%w_]+), description, parameters (an ordered array of
 -- { name =, type = "string"|"number"|"integer"|"boolean", description =,
--- optional = true }), fn(args) -> result (a string, a number, a boolean
--- or a table written as JSON), and optionally example = { user =,
+-- optional = true }), fn(args) -> result (a string of valid UTF-8, a
+-- finite number, a boolean, nil for "null", or a table written as JSON;
+-- anything else is an error result), and optionally example = { user =,
 -- arguments =, answer = [, result =] }: one worked exchange the text
--- protocol shows the model before the conversation.
+-- protocol shows the model before the conversation. An "integer" argument
+-- may be written 2.0 (an integer for JSON Schema); a "number" is finite.
 --
 -- Protocols (opts.protocol; by default "hermes" when the model's chat
 -- template has a tool-call format, else "text"):
@@ -116,10 +120,17 @@ local function check_args(tool, args)
     if v == nil or v == json.null then
       if not p.optional then return nil, "missing argument '" .. p.name .. "'" end
       args[p.name] = nil
-    else
-      local ok = (p.type == "integer" and math.type(v) == "integer")
-        or (p.type == "number" and type(v) == "number") or (type(v) == p.type)
-      if not ok then return nil, string.format("argument '%s' must be a %s", p.name, p.type) end
+    elseif p.type == "integer" then
+      -- 2.0 is an integer, as JSON Schema counts it
+      local i = type(v) == "number" and math.tointeger(v)
+      if not i then return nil, string.format("argument '%s' must be an integer", p.name) end
+      args[p.name] = i
+    elseif p.type == "number" and type(v) == "number" then
+      if v ~= v or v == math.huge or v == -math.huge then
+        return nil, string.format("argument '%s' must be a finite number", p.name)
+      end
+    elseif type(v) ~= p.type then
+      return nil, string.format("argument '%s' must be a %s", p.name, p.type)
     end
   end
   for k in pairs(args) do
@@ -128,28 +139,80 @@ local function check_args(tool, args)
   return args
 end
 
--- The text of a tool's result.
+-- Whether a value holds a string that is not valid UTF-8 (v is acyclic).
+local function has_invalid_utf8(v)
+  if type(v) == "string" then return not utf8.len(v) end
+  if type(v) == "table" then
+    for k, x in pairs(v) do
+      if has_invalid_utf8(k) or has_invalid_utf8(x) then return true end
+    end
+  end
+  return false
+end
+
+-- The message of json.encode's error, without its prefix.
+local function encode_error(err)
+  return (tostring(err):gsub("^[^:\n]+:%d+: ", ""):gsub("^json%.encode: ", ""))
+end
+
+-- The text of a tool's result: true, text | false, what is wrong with it.
+-- A string must be valid UTF-8 (it goes into the conversation as is), a
+-- number finite; a table is written as JSON; nil is "null".
 local function result_text(v)
-  if type(v) == "string" then return v end
-  if type(v) == "table" then return json.encode(v) end
-  if v == nil then return "null" end
-  return tostring(v)
+  local tv = type(v)
+  if tv == "string" then
+    local ok, bad = utf8.len(v)
+    if not ok then return false, "the tool's result is not valid UTF-8 (byte " .. bad .. ")" end
+    return true, v
+  elseif v == nil then
+    return true, "null"
+  elseif tv == "boolean" then
+    return true, tostring(v)
+  elseif tv == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then
+      return false, "the tool returned " .. tostring(v) .. ", a number JSON cannot hold"
+    end
+    return true, tostring(v)
+  elseif tv ~= "table" then
+    return false, "the tool returned a " .. tv .. ", not a string, number, boolean or table"
+  end
+  local ok, text = pcall(json.encode, v)
+  if not ok then return false, "the tool's result cannot be written as JSON: " .. encode_error(text) end
+  if has_invalid_utf8(v) then return false, "the tool's result holds a string that is not valid UTF-8" end
+  return true, text
+end
+
+-- fn(args) in a coroutine of its own, so that a tool that yields cannot
+-- suspend the turn: true, value | false, message.
+local function run_tool(fn, args)
+  local co = coroutine.create(fn)
+  local ok, v = coroutine.resume(co, args)
+  if ok and coroutine.status(co) == "suspended" then
+    coroutine.close(co)
+    return false, "the tool yielded instead of returning its result"
+  end
+  if ok then return true, v end
+  local sok, msg = pcall(tostring, v)
+  if not sok then return false, "the tool raised an error that cannot be written as text" end
+  -- the message without the "file:line:" position Lua adds
+  return false, json.replace_invalid_utf8((msg:gsub("^[^:\n]+:%d+: ", "")))
 end
 
 --- registry:call(name, arguments) -> ok, text: runs a tool, never raises;
---- a missing tool, bad arguments or an error raised by the tool give
---- false, "<message>".
+--- a missing tool, bad arguments, an error raised by the tool (or a
+--- yield) and a result that cannot be text give false, "<message>".
 function Registry:call(name, args)
   local tool = self.by_name[name]
-  if not tool then return false, "no tool named '" .. tostring(name) .. "'" end
+  if not tool then
+    local names = {}
+    for i, t in ipairs(self.list) do names[i] = t.name end
+    return false, string.format("no tool named '%s' (the tools: %s)", tostring(name), table.concat(names, ", "))
+  end
   local checked, err = check_args(tool, args)
   if not checked then return false, err end
-  local ok, v = pcall(tool.fn, checked)
-  if not ok then
-    -- the message without the "file:line:" position Lua adds
-    return false, (tostring(v):gsub("^[^:\n]+:%d+: ", ""))
-  end
-  return true, result_text(v)
+  local ok, v = run_tool(tool.fn, checked)
+  if not ok then return false, v end
+  return result_text(v)
 end
 
 -- ==== protocols ==============================================================
@@ -218,10 +281,14 @@ function text.examples(registry)
       if result == nil then
         local ok, v = registry:call(tool.name, json.decode(json.encode(ex.arguments)))
         result = ok and v or ("error: " .. v)
+      else
+        local ok, v = result_text(result)
+        if not ok then error("tool " .. tool.name .. ": example result: " .. v, 3) end
+        result = v
       end
       msgs[#msgs + 1] = { role = "user", content = ex.user }
       msgs[#msgs + 1] = { role = "assistant", content = text.format_call(tool, ex.arguments) }
-      msgs[#msgs + 1] = text.result({ name = tool.name }, true, result_text(result))
+      msgs[#msgs + 1] = text.result({ name = tool.name }, true, result)
       msgs[#msgs + 1] = { role = "assistant", content = ex.answer }
     end
   end
@@ -293,14 +360,21 @@ local Agent = {}
 Agent.__index = Agent
 
 --- agent.new(model, { tools =, system =, protocol =, template =, sampler =, max_tokens = 256,
----                    max_tool_calls = 4, ctx = 4096, session =, on_piece =, on_tool = })
+---                    max_tool_calls = 4, max_result_bytes = 4096, ctx = 4096, session =, on_piece =,
+---                    on_tool = })
 --- -> agent | nil, err. template: a kvlua.chat template name to use instead
 --- of the model's own; session: a session to hold the conversation (else
 --- one of ctx tokens is opened, and closed by a:close()); on_piece(text)
---- streams the replies; on_tool(call, ok, result) sees each call.
+--- streams the replies; on_tool(call, ok, result) sees each call;
+--- max_result_bytes: a longer tool result (or error) goes to the model cut
+--- there, with a line saying so.
 function M.new(model, opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("agent.new: options must be a table", 2) end
+  local max_result = opts.max_result_bytes or 4096
+  if math.type(max_result) ~= "integer" or max_result < 1 then
+    error("agent.new: max_result_bytes must be a positive integer", 2)
+  end
   local registry = opts.tools or M.registry()
   local pname = opts.protocol or M.protocol_for(model)
   local protocol = type(pname) == "table" and pname or M.protocols[pname]
@@ -321,7 +395,7 @@ function M.new(model, opts)
   return setmetatable({ model = model, session = s, owns_session = owns, template = opts.template or model,
     tools = registry, protocol = protocol, messages = messages,
     sampler = opts.sampler, max_tokens = opts.max_tokens or 256, max_tool_calls = opts.max_tool_calls or 4,
-    on_piece = opts.on_piece, on_tool = opts.on_tool, turns = {} }, Agent)
+    max_result_bytes = max_result, on_piece = opts.on_piece, on_tool = opts.on_tool, turns = {} }, Agent)
 end
 
 -- Brings the session to the rendered conversation plus the generation
@@ -329,9 +403,9 @@ end
 -- {conversation =, reused =, prefilled =, seconds =} | nil, err.
 function Agent:sync()
   local s = self.session
-  local text, err = chat.render(self.template, self.messages, { add_generation_prompt = true })
-  if not text then return nil, "chat template: " .. err end
-  local ids = self.model:tokenize(text, { add_special = true, parse_special = true })
+  local template = self.template ~= self.model and self.template or nil
+  local ids, err = chat.encode(self.model, self.messages, { add_generation_prompt = true, template = template })
+  if not ids then return nil, "chat template: " .. err end
   if #ids + self.max_tokens > s.ctx then
     return nil, string.format("the conversation (%d tokens) and a reply (%d) no longer fit the context (%d)",
       #ids, self.max_tokens, s.ctx)
@@ -361,12 +435,32 @@ function Agent:generate()
   return reply
 end
 
+-- A tool's text cut to at most max bytes, on a character boundary, and a
+-- line saying so.
+local function cap(text, max)
+  if #text <= max then return text end
+  local cut = max
+  while cut > 0 and text:byte(cut + 1) & 0xC0 == 0x80 do cut = cut - 1 end
+  return string.format("%s\n[cut: the first %d of %d bytes]", text:sub(1, cut), cut, #text)
+end
+
+-- Why a parsed call's arguments cannot be used: they hold what JSON
+-- cannot (a number past the largest double, as {"x": 1e999} reads as
+-- inf; from a custom protocol, anything); nil when they can.
+local function unusable(args)
+  local ok, err = pcall(json.encode, args)
+  if not ok then return "the call's arguments cannot be used: " .. encode_error(err) end
+end
+
 --- a:turn(user_text) -> reply, info | nil, err
 --- After max_tool_calls calls the next reply ends the turn, call or not.
+--- A reply's bytes that are not valid UTF-8 (a generation cut in the
+--- middle of a character) become U+FFFD, so the conversation stays text.
 --- info = { ttft =, prefilled =, reused =, conversation =, tool_calls = {{name=, arguments=, ok=, result=}},
 ---          rounds = {{prefilled=, reused=, conversation=, seconds=}} }
 function Agent:turn(user)
   if type(user) ~= "string" then error("agent:turn: the user's message must be a string", 2) end
+  if not utf8.len(user) then error("agent:turn: the user's message must be valid UTF-8", 2) end
   self.messages[#self.messages + 1] = { role = "user", content = user }
   local info = { tool_calls = {}, rounds = {} }
   while true do
@@ -380,6 +474,7 @@ function Agent:turn(user)
     local reply
     reply, err = self:generate()
     if not reply then return nil, err end
+    reply = json.replace_invalid_utf8(reply)
     self.messages[#self.messages + 1] = { role = "assistant", content = reply }
     local call, perr = self.protocol.parse(reply)
     if not call and not perr then
@@ -391,11 +486,15 @@ function Agent:turn(user)
       return reply, info
     end
     local ok, result
-    if call then
-      ok, result = self.tools:call(call.name, call.arguments)
-    else
+    local bad = call and unusable(call.arguments)
+    if not call then
       call, ok, result = { name = "?" }, false, perr
+    elseif bad then
+      call, ok, result = { name = call.name }, false, bad -- the record stays writable as JSON
+    else
+      ok, result = self.tools:call(call.name, call.arguments)
     end
+    result = cap(result, self.max_result_bytes)
     info.tool_calls[#info.tool_calls + 1] = { name = call.name, arguments = call.arguments, ok = ok, result = result }
     if self.on_tool then self.on_tool(call, ok, result) end
     self.messages[#self.messages + 1] = self.protocol.result(call, ok, result)
