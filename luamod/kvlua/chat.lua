@@ -5,14 +5,25 @@
 --     { role = "system", content = "You are terse." },
 --     { role = "user",   content = "Hello!" },
 --   }, { add_generation_prompt = true })
---   local ids = model:tokenize(prompt, { add_special = false, parse_special = true })
+--   local ids, err = chat.encode(model, messages)   -- the prompt's token ids
 --
 -- model_or_name is a model (anything with a :meta method; its GGUF
 -- tokenizer.chat_template string picks the renderer), a template name
 -- ("chatml", "llama3", "gemma", "mistral", "phi3", or one registered with
 -- chat.register), or a Jinja template string (matched by the detectors).
 -- The rendered text already holds the BOS text where the template writes
--- one (Llama 3, Gemma, Mistral, Phi-3), so tokenize it without add_special.
+-- one (Llama 3, Gemma, Mistral, Phi-3). chat.encode is the one way every
+-- chat path of kvlua tokenizes a conversation:
+--   * the template's own text (roles included) is parsed for special
+--     tokens, the contents of the messages are not: a user message or a
+--     tool result holding "<|im_end|>" or "<end_of_turn>" is that text, not
+--     the control token (it cannot close its turn or open another);
+--   * the ids start with exactly one BOS when the vocabulary adds one
+--     (model.vocab.add_bos), whether the template writes it or not; with
+--     no add_bos, a BOS is there only if the template writes it.
+-- For contents that hold no special-token text the ids are llama.cpp's for
+-- the rendered text (llama_tokenize with parse_special, BOS added only when
+-- the render lacks it): tests/fixtures/ref_chat_*.lua.
 --
 -- We do not interpret Jinja. Each built-in renderer reproduces one family
 -- of templates as Hugging Face's jinja2 renders them, and reads the few
@@ -61,10 +72,14 @@ end
 local ALTERNATE = "Conversation roles must alternate user/assistant/user/assistant/..."
 
 -- ---------------------------------------------------------------------------
--- Built-in renderers: fn(messages, opts, ctx) -> string | nil, err
+-- Built-in renderers: fn(messages, opts, ctx) -> parts | nil, err
 --   opts.add_generation_prompt (boolean); ctx.template (string or nil),
---   ctx.bos(), ctx.eos() (token texts)
+--   ctx.bos(), ctx.eos() (token texts). parts is an array of strings
+--   (template text) and tables { text = s } (a message's content as the
+--   template writes it: never parsed for special tokens).
 -- ---------------------------------------------------------------------------
+
+local function lit(s) return { text = s } end
 
 -- The default system message of a ChatML template: the text of a literal
 -- '<|im_start|>system\n...<|im_end|>' emitted when the first message is not
@@ -94,20 +109,21 @@ local function render_chatml(messages, opts, ctx)
     out[#out + 1] = "<|im_start|>system\n" .. default .. "<|im_end|>\n"
   end
   for _, m in ipairs(messages) do
-    out[#out + 1] = "<|im_start|>" .. m.role .. "\n" .. m.content .. "<|im_end|>\n"
+    table.move({ "<|im_start|>", m.role, "\n", lit(m.content), "<|im_end|>\n" }, 1, 5, #out + 1, out)
   end
   if opts.add_generation_prompt then out[#out + 1] = "<|im_start|>assistant\n" end
-  return table.concat(out)
+  return out
 end
 
 local function render_llama3(messages, opts, ctx)
   local out = {}
   for i, m in ipairs(messages) do
     if i == 1 then out[#out + 1] = ctx.bos() end
-    out[#out + 1] = "<|start_header_id|>" .. m.role .. "<|end_header_id|>\n\n" .. trim(m.content) .. "<|eot_id|>"
+    table.move({ "<|start_header_id|>", m.role, "<|end_header_id|>\n\n", lit(trim(m.content)), "<|eot_id|>" },
+      1, 5, #out + 1, out)
   end
   if opts.add_generation_prompt then out[#out + 1] = "<|start_header_id|>assistant<|end_header_id|>\n\n" end
-  return table.concat(out)
+  return out
 end
 
 -- Gemma 3: the system message becomes a prefix of the first user turn;
@@ -116,11 +132,11 @@ end
 local function render_gemma(messages, opts, ctx)
   local gemma3 = ctx.template == nil or ctx.template:find("first_user_prefix", 1, true) ~= nil
   local out = {}
-  local prefix, first = "", 1
+  local prefix, first = nil, 1
   if gemma3 then
     out[1] = ctx.bos()
     if messages[1] and messages[1].role == "system" then
-      prefix, first = messages[1].content .. "\n\n", 2
+      prefix, first = messages[1].content, 2
     end
   elseif messages[1] and messages[1].role == "system" then
     return nil, "System role not supported"
@@ -129,12 +145,15 @@ local function render_gemma(messages, opts, ctx)
   for i = first, #messages do
     local m = messages[i]
     if (m.role == "user") ~= (k % 2 == 0) then return nil, ALTERNATE end
-    local role = m.role == "assistant" and "model" or m.role
-    out[#out + 1] = "<start_of_turn>" .. role .. "\n" .. (k == 0 and prefix or "") .. trim(m.content) .. "<end_of_turn>\n"
+    out[#out + 1] = "<start_of_turn>"
+    out[#out + 1] = m.role == "assistant" and "model" or m.role
+    out[#out + 1] = "\n"
+    if k == 0 and prefix then table.move({ lit(prefix), "\n\n" }, 1, 2, #out + 1, out) end
+    table.move({ lit(trim(m.content)), "<end_of_turn>\n" }, 1, 2, #out + 1, out)
     k = k + 1
   end
   if opts.add_generation_prompt then out[#out + 1] = "<start_of_turn>model\n" end
-  return table.concat(out)
+  return out
 end
 
 -- Mistral v0.1/v0.2 ([INST] ... [/INST]): user/assistant only, alternating;
@@ -144,14 +163,14 @@ local function render_mistral(messages, opts, ctx)
   for i, m in ipairs(messages) do
     if (m.role == "user") ~= ((i - 1) % 2 == 0) then return nil, ALTERNATE end
     if m.role == "user" then
-      out[#out + 1] = "[INST] " .. m.content .. " [/INST]"
+      table.move({ "[INST] ", lit(m.content), " [/INST]" }, 1, 3, #out + 1, out)
     elseif m.role == "assistant" then
-      out[#out + 1] = m.content .. ctx.eos()
+      table.move({ lit(m.content), ctx.eos() }, 1, 2, #out + 1, out)
     else
       return nil, "Only user and assistant roles are supported!"
     end
   end
-  return table.concat(out)
+  return out
 end
 
 -- Phi-3. Two shapes: the generic one writes '<|role|>\n...<|end|>\n' for
@@ -166,7 +185,7 @@ local function render_phi3(messages, opts, ctx)
   if t:find("^%s*{{%-?%s*bos_token%s*%-?}}") then out[1] = ctx.bos() end
   if generic then
     for _, m in ipairs(messages) do
-      out[#out + 1] = "<|" .. m.role .. "|>\n" .. m.content .. "<|end|>\n"
+      table.move({ "<|", m.role, "|>\n", lit(m.content), "<|end|>\n" }, 1, 5, #out + 1, out)
     end
     local last_is_assistant = #messages > 0 and messages[#messages].role == "assistant"
     local agp = opts.add_generation_prompt
@@ -179,13 +198,13 @@ local function render_phi3(messages, opts, ctx)
   else
     for _, m in ipairs(messages) do
       if m.role == "user" then
-        out[#out + 1] = "<|user|>\n" .. m.content .. "<|end|>\n<|assistant|>\n"
+        table.move({ "<|user|>\n", lit(m.content), "<|end|>\n<|assistant|>\n" }, 1, 3, #out + 1, out)
       elseif m.role == "assistant" then
-        out[#out + 1] = m.content .. "<|end|>\n"
+        table.move({ lit(m.content), "<|end|>\n" }, 1, 2, #out + 1, out)
       end
     end
   end
-  return table.concat(out)
+  return out
 end
 
 -- ---------------------------------------------------------------------------
@@ -233,9 +252,11 @@ local ARCH = { gemma = "gemma", gemma2 = "gemma", gemma3 = "gemma", gemma3n = "g
                phi3 = "phi3", qwen2 = "chatml", qwen3 = "chatml" }
 
 --- chat.register(name, fn [, {detect = function(template_string) -> bool}])
---- fn(messages, opts, ctx) -> string | nil, err, where ctx.template is the
---- model's template string (or nil) and ctx.bos() / ctx.eos() give the
---- model's BOS / EOS token texts.
+--- fn(messages, opts, ctx) -> string | parts | nil, err, where ctx.template
+--- is the model's template string (or nil) and ctx.bos() / ctx.eos() give
+--- the model's BOS / EOS token texts. parts: an array of strings (template
+--- text) and { text = s } tables (message contents, which chat.encode
+--- never parses for special tokens); a plain string is all template text.
 function M.register(name, fn, opts)
   if type(name) ~= "string" or name == "" then error("chat.register: name must be a non-empty string", 2) end
   if type(fn) ~= "function" then error("chat.register: fn must be a function", 2) end
@@ -279,20 +300,22 @@ end
 -- Rendering
 -- ---------------------------------------------------------------------------
 
-local function check_messages(messages)
-  if type(messages) ~= "table" then error("chat.render: messages must be an array", 3) end
+-- fname: "chat.render" or "chat.encode", for messages; errors name the
+-- caller of that function (level 4: check_messages < prepare < fname).
+local function check_messages(messages, fname)
+  if type(messages) ~= "table" then error(fname .. ": messages must be an array", 4) end
   local n = #messages
   for k in pairs(messages) do
     if math.type(k) ~= "integer" or k < 1 or k > n then
-      error("chat.render: messages must be an array (bad key " .. tostring(k) .. ")", 3)
+      error(fname .. ": messages must be an array (bad key " .. tostring(k) .. ")", 4)
     end
   end
   for i, m in ipairs(messages) do
-    if type(m) ~= "table" then error(("chat.render: message %d must be a table"):format(i), 3) end
-    if type(m.role) ~= "string" then error(("chat.render: message %d: role must be a string"):format(i), 3) end
-    if type(m.content) ~= "string" then error(("chat.render: message %d: content must be a string"):format(i), 3) end
+    if type(m) ~= "table" then error(("%s: message %d must be a table"):format(fname, i), 4) end
+    if type(m.role) ~= "string" then error(("%s: message %d: role must be a string"):format(fname, i), 4) end
+    if type(m.content) ~= "string" then error(("%s: message %d: content must be a string"):format(fname, i), 4) end
     for _, k in ipairs{ "role", "content" } do
-      if not utf8.len(m[k]) then error(("chat.render: message %d: %s is not valid UTF-8"):format(i, k), 3) end
+      if not utf8.len(m[k]) then error(("%s: message %d: %s is not valid UTF-8"):format(fname, i, k), 4) end
     end
   end
 end
@@ -327,17 +350,18 @@ local function model_token(model, which)
   return text
 end
 
---- chat.render(model_or_name, messages [, {add_generation_prompt=true,
----             bos_token=, eos_token=}]) -> string | nil, err
-function M.render(model_or_name, messages, opts)
-  if opts ~= nil and type(opts) ~= "table" then error("chat.render: options must be a table", 2) end
+-- Checks the options and messages and picks the renderer; returns
+-- entry, ctx, add_generation_prompt | nil, err. Errors name fname's caller.
+-- token_model: where BOS/EOS texts come from when model_or_name is a name.
+local function prepare(fname, model_or_name, messages, opts, token_model)
+  if opts ~= nil and type(opts) ~= "table" then error(fname .. ": options must be a table", 3) end
   opts = opts or {}
-  check_messages(messages)
+  check_messages(messages, fname)
   local agp = opts.add_generation_prompt
   if agp == nil then agp = true end
-  if type(agp) ~= "boolean" then error("chat.render: add_generation_prompt must be a boolean", 2) end
+  if type(agp) ~= "boolean" then error(fname .. ": add_generation_prompt must be a boolean", 3) end
   for _, k in ipairs{ "bos_token", "eos_token" } do
-    if opts[k] ~= nil and type(opts[k]) ~= "string" then error("chat.render: " .. k .. " must be a string", 2) end
+    if opts[k] ~= nil and type(opts[k]) ~= "string" then error(fname .. ": " .. k .. " must be a string", 3) end
   end
 
   local name, template, model
@@ -370,28 +394,83 @@ function M.render(model_or_name, messages, opts)
       end
     end
   else
-    error("chat.render: model or template name expected, got " .. t, 2)
+    error(fname .. ": model or template name expected, got " .. t, 3)
   end
 
   local entry = registry[name]
+  token_model = model or token_model
   local function token(which, key)
     return function()
       if opts[key] ~= nil then return opts[key] end
-      if model then
-        local v = model_token(model, which)
+      if token_model then
+        local v = model_token(token_model, which)
         if v then return v end
       end
       return entry.defaults[which] or ""
     end
   end
-  local ctx = { name = name, template = template, model = model,
-                bos = token("bos", "bos_token"), eos = token("eos", "eos_token") }
+  return entry, { name = name, template = template, model = model,
+                  bos = token("bos", "bos_token"), eos = token("eos", "eos_token") }, agp
+end
+
+-- Runs the renderer; returns text, spans (the {i, j} byte ranges of the
+-- message contents in text) | nil, err. Raises (level 3) on a bad result.
+local function run(entry, ctx, messages, agp)
   local out, err = entry.fn(messages, { add_generation_prompt = agp }, ctx)
-  if out == nil then return nil, err or ("chat template '" .. name .. "' failed") end
-  if type(out) ~= "string" then
-    error(("chat template '%s' returned a %s, not a string"):format(name, type(out)), 2)
+  if out == nil then return nil, err or ("chat template '" .. ctx.name .. "' failed") end
+  if type(out) == "string" then return out, {} end
+  local bad = ("chat template '%s' returned a %s, not a string or an array of parts"):format(ctx.name, type(out))
+  if type(out) ~= "table" then error(bad, 3) end
+  local text, spans, at = {}, {}, 1
+  for i, p in ipairs(out) do
+    local lit = type(p) == "table"
+    local s = lit and p.text or p
+    if type(s) ~= "string" then
+      error(("chat template '%s': part %d is not a string or { text = string }"):format(ctx.name, i), 3)
+    end
+    if lit and #s > 0 then spans[#spans + 1] = { at, at + #s - 1 } end
+    text[i], at = s, at + #s
   end
-  return out
+  return table.concat(text), spans
+end
+
+--- chat.render(model_or_name, messages [, {add_generation_prompt=true,
+---             bos_token=, eos_token=}]) -> string | nil, err
+function M.render(model_or_name, messages, opts)
+  local entry, ctx, agp = prepare("chat.render", model_or_name, messages, opts)
+  if not entry then return nil, ctx end
+  local text, err = run(entry, ctx, messages, agp)
+  if not text then return nil, err end
+  return text
+end
+
+--- chat.encode(model, messages [, {add_generation_prompt=true, template=,
+---             bos_token=, eos_token=}]) -> ids, text | nil, err
+--- The prompt's token ids (0-based) and the rendered text. template: a
+--- template name or string to render with instead of the model's own (BOS
+--- and EOS texts still the model's).
+--- Contents are tokenized as text, the template's text with its special
+--- tokens; one BOS first when model.vocab.add_bos (see the header).
+function M.encode(model, messages, opts)
+  local t = type(model)
+  if (t ~= "table" and t ~= "userdata") or type(model.tokenize) ~= "function" then
+    error("chat.encode: model expected, got " .. t, 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error("chat.encode: options must be a table", 2) end
+  local target = opts and opts.template
+  if target == nil then target = model end
+  if type(target) ~= "string" and target ~= model then
+    error("chat.encode: template must be a template name or string", 2)
+  end
+  local entry, ctx, agp = prepare("chat.encode", target, messages, opts, model)
+  if not entry then return nil, ctx end
+  local text, spans = run(entry, ctx, messages, agp)
+  if not text then return nil, spans end
+  local ids, err = model:tokenize(text, { add_special = false, parse_special = true, literal = spans })
+  if not ids then return nil, err end
+  local vocab = model.vocab
+  if vocab and vocab.add_bos and vocab.bos and ids[1] ~= vocab.bos then table.insert(ids, 1, vocab.bos) end
+  return ids, text
 end
 
 return M
