@@ -748,8 +748,8 @@ static uint32_t trie_child(const kv_vocab *v, uint32_t node, unsigned char b) {
  * covered[i] != 0 marks bytes taken by a token or dropped by lstrip/rstrip;
  * an occurrence overlapping covered bytes is skipped, which is what the
  * reference's per-fragment search amounts to. */
-static kv_status partition(const kv_vocab *v, const char *text, size_t len, bool parse_special, frag **out,
-                           size_t *n_out, kv_error *e) {
+static kv_status partition(const kv_vocab *v, const char *text, size_t len, bool parse_special,
+                           const uint8_t *literal, frag **out, size_t *n_out, kv_error *e) {
     *out = NULL;
     *n_out = 0;
     uint8_t *present = NULL, *covered = NULL;
@@ -800,6 +800,15 @@ static kv_status partition(const kv_vocab *v, const char *text, size_t len, bool
                     if (!z) break;
                     q = (size_t)((const uint8_t *)z - covered);
                     continue;
+                }
+                /* an occurrence touching literal bytes is text: go on past its last one */
+                if (literal) {
+                    c = p + tl;
+                    while (c > p && !literal[c - 1]) c--;
+                    if (c > p) {
+                        q = c;
+                        continue;
+                    }
                 }
                 memset(covered + p, 2, tl);
                 if (n_fr == cap_fr) {
@@ -869,6 +878,11 @@ nomem:
 
 kv_status kv_tokenize(const kv_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
                       int32_t **ids, size_t *n, kv_error *e) {
+    return kv_tokenize_literal(v, text, len, add_special, parse_special, NULL, ids, n, e);
+}
+
+kv_status kv_tokenize_literal(const kv_vocab *v, const char *text, size_t len, bool add_special,
+                              bool parse_special, const uint8_t *literal, int32_t **ids, size_t *n, kv_error *e) {
     if (!ids || !n) return kv_fail(e, KV_ERR_ARG, "tokenize: ids and n must not be NULL");
     *ids = NULL;
     *n = 0;
@@ -878,7 +892,7 @@ kv_status kv_tokenize(const kv_vocab *v, const char *text, size_t len, bool add_
 
     frag *fr = NULL;
     size_t n_fr = 0;
-    kv_status st = partition(v, text, len, parse_special, &fr, &n_fr, e);
+    kv_status st = partition(v, text, len, parse_special, literal, &fr, &n_fr, e);
     if (st != KV_OK) return st;
 
     ivec out = {0};

@@ -445,10 +445,36 @@ static int l_vocab_tokenize(lua_State *L, const kv_vocab *v, int arg) {
     if (!lua_isnoneornil(L, arg + 1)) luaL_checktype(L, arg + 1, LUA_TTABLE);
     int add_special = l_opt_bool(L, arg + 1, "add_special", 1);
     int parse_special = l_opt_bool(L, arg + 1, "parse_special", 0);
+    /* literal = { {i, j}, ... }: byte ranges text:sub(i, j) that are plain
+     * text, where no special token is recognized */
+    uint8_t *literal = NULL;
+    if (l_opt_field(L, arg + 1, "literal") != LUA_TNIL) {
+        if (!lua_istable(L, -1)) luaL_error(L, "option 'literal' must be an array of {i, j} byte ranges");
+        int spans = lua_gettop(L);
+        literal = lua_newuserdatauv(L, len + 1, 0); /* freed by the GC, even if we raise */
+        memset(literal, 0, len + 1);
+        lua_Integer k = luaL_len(L, spans);
+        for (lua_Integer r = 1; r <= k; r++) {
+            lua_Integer ij[2];
+            int ok = lua_geti(L, spans, r) == LUA_TTABLE;
+            for (int b = 0; ok && b < 2; b++) {
+                int isnum;
+                lua_geti(L, -1 - b, b + 1);
+                ij[b] = lua_tointegerx(L, -1, &isnum);
+                ok = isnum;
+            }
+            if (!ok) luaL_error(L, "option 'literal': range %d must be {i, j} with integers", (int)r);
+            lua_pop(L, 3);
+            if (ij[0] < 1 || ij[1] > (lua_Integer)len || ij[0] > ij[1] + 1)
+                luaL_error(L, "option 'literal': range %d {%d, %d} is outside the text (%d bytes)", (int)r,
+                           (int)ij[0], (int)ij[1], (int)len);
+            if (ij[1] >= ij[0]) memset(literal + ij[0] - 1, 1, (size_t)(ij[1] - ij[0] + 1));
+        }
+    }
     int32_t *ids = NULL;
     size_t n = 0;
     kv_error e = {{0}};
-    if (kv_tokenize(v, text, len, add_special, parse_special, &ids, &n, &e) != KV_OK) {
+    if (kv_tokenize_literal(v, text, len, add_special, parse_special, literal, &ids, &n, &e) != KV_OK) {
         free(ids);
         return l_fail(L, e.msg);
     }
