@@ -10,26 +10,23 @@
 -- Interactive by default (an empty line or EOF quits); --script FILE runs
 -- the user turns of a file instead (one per line; blank lines and lines
 -- starting with '#' are skipped), e.g. scripts/examples/agent-turns.txt.
-local usage = [[
-usage: lua5.4 scripts/agent.lua [options]
-  --model PATH       GGUF file (default: SmolLM2-135M-Instruct, fetched and cached)
-  --script FILE      user turns, one per line (non-interactive)
-  --system TEXT      system message (the tools' description is added to it)
-  --protocol NAME    tool-call format: text or hermes (default: from the chat template)
-  --max-tokens N     tokens per reply at most (default 128)
-  --max-calls N      tool calls per turn at most (default 4)
-  --temp T           temperature; 0 = greedy (default 0)
-  --repeat-penalty R (default 1.0: none; SmolLM2-135M stops calling tools at 1.1)
-  --seed N           sampling seed (default 42)
-  --ctx N            context size (default 4096)
-  --threads N        CPU threads (default: physical cores)
-  --json             print the turns (replies, tool calls, TTFT, tokens) and the conversation as JSON
-]]
-local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
-local o = common.parse(arg, {
-  model = "", script = "", system = "You are a helpful assistant.", protocol = "", ["max-tokens"] = 128,
-  ["max-calls"] = 4, temp = 0.0, ["repeat-penalty"] = 1.0, seed = 42, ctx = 4096, threads = 0, json = false,
-}, usage)
+-- --repeat-penalty defaults to 1.0 (none): SmolLM2-135M stops calling tools at 1.1.
+local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
+local cli = require "kvlua.util.cli"
+
+local p = cli.parser("A chat agent with tools, the example of kvlua.agent.")
+p:model_options()
+p:str("--script", "FILE", "user turns, one per line (non-interactive)", nil, true)
+p:str("--system", "TEXT", "system message (the tools' description is added to it)", "You are a helpful assistant.")
+p:choice("--protocol", { "text", "hermes" }, "tool-call format (default: from the chat template)")
+p:int("--max-tokens", "N", "tokens per reply at most", 128, 1, cli.MAX_CTX)
+p:int("--max-calls", "N", "tool calls per turn at most", 4, 0, 1000)
+p:sampling_options { temp = 0.0, repeat_penalty = 1.0, seed = 42 }
+p:ctx_option(4096)
+p:flag("--json", "print the turns (replies, tool calls, TTFT, tokens) and the conversation as JSON")
+local o = p:parse()
 
 local agent = require "kvlua.agent"
 local json = require "kvlua.json"
@@ -38,20 +35,18 @@ local sampling = require "kvlua.sampling"
 -- ==== the user's turns ========================================================
 
 local function script_turns(path)
-  local f, err = io.open(path, "r")
-  if not f then common.die("cannot read " .. err) end
   local turns = {}
-  for line in f:lines() do
+  for line in cli.read_file(path, "--script FILE"):gmatch("[^\n]+") do
+    line = line:gsub("\r$", "")
     if line:find("%S") and not line:find("^%s*#") then turns[#turns + 1] = line end
   end
-  f:close()
-  if #turns == 0 then common.die(path .. ": no user turns (one message per line expected)") end
+  if #turns == 0 then cli.die(path .. ": no user turns (one message per line expected)") end
   return turns
 end
 
 -- An iterator over user messages: the script's lines, or what is typed.
 local function user_turns()
-  if o.script ~= "" then
+  if o.script then
     local turns, i = script_turns(o.script), 0
     return function()
       i = i + 1
@@ -59,8 +54,8 @@ local function user_turns()
     end
   end
   return function()
-    io.write("> ")
-    io.flush()
+    cli.stdout:write("> ")
+    cli.stdout:flush()
     local line = io.read("l")
     if line and line ~= "" then return line end
   end
@@ -90,33 +85,32 @@ tools:add {
 -- ==== the loop ====================================================================
 
 local next_user = user_turns() -- reads --script before the model loads
-local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
+local model = cli.load(o)
 local a, err = agent.new(model, {
-  tools = tools, system = o.system, protocol = o.protocol ~= "" and o.protocol or nil,
-  sampler = sampling.from_opts { temp = o.temp, seed = math.tointeger(o.seed), repeat_penalty = o["repeat-penalty"] },
-  max_tokens = math.tointeger(o["max-tokens"]), max_tool_calls = math.tointeger(o["max-calls"]),
-  ctx = math.tointeger(o.ctx),
+  tools = tools, system = o.system, protocol = o.protocol,
+  sampler = sampling.from_opts { temp = o.temp, seed = o.seed, repeat_penalty = o.repeat_penalty },
+  max_tokens = o.max_tokens, max_tool_calls = o.max_calls, ctx = o.ctx,
   on_piece = not o.json and function(piece)
-    io.write(piece)
-    io.flush()
+    cli.stdout:write(piece)
+    cli.stdout:flush()
   end or nil,
   on_tool = not o.json and function(call, ok, result)
-    io.write(string.format("\n  [tool %s %s -> %s%s]\n", call.name,
+    cli.stdout:write(string.format("\n  [tool %s %s -> %s%s]\n", call.name,
       call.arguments and json.encode(call.arguments) or "", ok and "" or "error: ", result))
   end or nil,
 })
-if not a then common.die(err) end
+if not a then cli.die(err, 1) end
 
 local report = { model = model.info.name, protocol = a.protocol.name, turns = {} }
 for user in next_user do
   local reply, info = a:turn(user)
-  if not reply then common.die(info) end
+  if not reply then cli.die(info, 1) end
   local k = #report.turns + 1
   report.turns[k] = { user = user, reply = reply, ttft_ms = info.ttft * 1e3, prefilled = info.prefilled,
     reused = info.reused, conversation = info.conversation, generations = #info.rounds,
     tool_calls = json.array(info.tool_calls) }
   if not o.json then
-    io.write("\n")
+    cli.stdout:write("\n")
     io.stderr:write(string.format("[turn %d: TTFT %.1f ms, prefilled %d of %d tokens (%d reused), %d tool call%s]\n",
       k, info.ttft * 1e3, info.prefilled, info.conversation, info.reused, #info.tool_calls,
       #info.tool_calls == 1 and "" or "s"))
@@ -125,6 +119,7 @@ end
 
 if o.json then
   report.messages = a.messages
-  print(json.encode(report))
+  cli.print(json.encode(report))
 end
 a:close()
+cli.exit(0)

@@ -91,17 +91,6 @@ local function item_opt(item, key, default)
   return v
 end
 
--- The item's "id" for its output line: a string or a finite number (else
--- the item fails, and its line number stands in).
-local function item_id(item, line)
-  local id = item and item.id
-  if id == nil or id == json.null then return line end
-  if type(id) == "string" or (type(id) == "number" and id == id and id ~= math.huge and id ~= -math.huge) then
-    return id
-  end
-  return line, '"id" must be a string or a finite number'
-end
-
 local function item_stop(item)
   local stop = item.stop
   if stop == nil or stop == json.null then return {} end
@@ -131,7 +120,7 @@ end
 
 -- The scheduler request of one line (with .error when it cannot run).
 local function request(line, item, bad)
-  local id, id_err = item_id(item, line)
+  local id, id_err = cli.item_id(item, line)
   local req = { line = line, id = id }
   if not item then
     req.error = bad

@@ -19,48 +19,37 @@
 --    long prompt's prefill stalls every session decoding beside it.
 --
 -- Prompts are fixed pseudo-random ids: the same figures' work every run.
-local usage = [[
-usage: lua5.4 scripts/bench-batch.lua [options]
-  --model PATH         GGUF file (default: SmolLM2-135M-Instruct, fetched and cached)
-  --threads N          CPU threads (default: physical cores)
-  --n 1,2,4,8,16       batch sizes of the decode comparison
-  --steps N            decode steps per batch size (default 16)
-  --depth N            prompt tokens in each session before decoding (default 64)
-  --requests N         scheduler requests (default 24; every fourth is long)
-  --long N             long prompt tokens (default 384)
-  --short N            short prompt tokens (default 16)
-  --max-tokens N       most tokens a request generates (default 24)
-  --batch N            scheduler sessions at once (default 8)
-  --prefill-chunk N    prompt tokens a step in the chunked run (default 64)
-  --json               print the figures as one JSON object
-]]
-local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
-local o = common.parse(arg, {
-  model = "", threads = 0, n = "1,2,4,8,16", steps = 16, depth = 64, requests = 24, long = 384, short = 16,
-  ["max-tokens"] = 24, batch = 8, ["prefill-chunk"] = 64, json = false,
-}, usage)
+local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
+local cli = require "kvlua.util.cli"
+
+local LIM = 1 << 20
+local p = cli.parser("What batching buys: batched decode against one session, and the scheduler's latencies.")
+p:model_options()
+p:list("--n", "LIST", "batch sizes of the decode comparison", "1,2,4,8,16",
+  function(s) return cli.integer(s, 1, 4096) end)
+p:int("--steps", "N", "decode steps per batch size", 16, 1, LIM)
+p:int("--depth", "N", "prompt tokens in each session before decoding", 64, 1, LIM)
+p:int("--requests", "N", "scheduler requests (every fourth is long)", 24, 1, LIM)
+p:int("--long", "N", "long prompt tokens", 384, 1, LIM)
+p:int("--short", "N", "short prompt tokens", 16, 1, LIM)
+p:int("--max-tokens", "N", "most tokens a request generates", 24, 1, LIM)
+p:int("--batch", "N", "scheduler sessions at once", 8, 1, 4096)
+p:int("--prefill-chunk", "N", "prompt tokens a step in the chunked run", 64, 1, LIM)
+p:flag("--json", "print the figures as one JSON object")
+local o = p:parse()
 
 local kvlua = require "kvlua"
 local json = require "kvlua.json"
 local scheduler = require "kvlua.scheduler"
 
-local function count(name, min)
-  local v = math.tointeger(o[name])
-  if not v or v < min then common.die(string.format("option --%s needs an integer >= %d", name, min)) end
-  return v
-end
-local steps, depth = count("steps", 1), count("depth", 1)
-local n_requests, long, short = count("requests", 1), count("long", 1), count("short", 1)
-local max_tokens, batch, chunk = count("max-tokens", 1), count("batch", 1), count("prefill-chunk", 1)
-local sizes = {}
-for v in o.n:gmatch("[^,%s]+") do
-  local n = math.tointeger(tonumber(v))
-  if not n or n < 1 then common.die("option --n needs positive integers (1,2,4,8,16)") end
-  sizes[#sizes + 1] = n
-end
-if #sizes == 0 then common.die("option --n needs at least one batch size") end
+local steps, depth = o.steps, o.depth
+local n_requests, long, short = o.requests, o.long, o.short
+local max_tokens, batch, chunk = o.max_tokens, o.batch, o.prefill_chunk
+local sizes = o.n
 
-local model = common.load(common.model_path(o.model), o.threads)
+local model = cli.load(o)
 local n_vocab = model.info.n_vocab
 
 -- fixed pseudo-random ids (xorshift), past the first ids (often control tokens)
@@ -75,7 +64,7 @@ local function ids(n, seed)
 end
 
 local function must(v, err)
-  if not v then common.die("kvlua: " .. tostring(err)) end
+  if not v then cli.die("kvlua: " .. tostring(err), 1) end
   return v
 end
 
@@ -144,7 +133,7 @@ end
 
 local function ms_percentiles(xs, ps)
   local t = {}
-  for _, p in ipairs(ps) do t["p" .. p] = (common.percentile(xs, p) or 0) * 1e3 end
+  for _, p in ipairs(ps) do t["p" .. p] = (cli.percentile(xs, p) or 0) * 1e3 end
   return t
 end
 
@@ -156,7 +145,7 @@ local function schedule(prefill_chunk)
     k = k + 1
     return list[k]
   end, function(r)
-    if r.finish_reason:find("^error") then common.die("scheduler: " .. r.finish_reason) end
+    if r.finish_reason:find("^error") then cli.die("scheduler: " .. r.finish_reason, 1) end
     ttft[#ttft + 1] = r.ttft
     local side = r.request.long and ttft_long or ttft_short
     side[#side + 1] = r.ttft
@@ -165,7 +154,7 @@ local function schedule(prefill_chunk)
   end)
   return { prefill_chunk = prefill_chunk, ttft_ms = ms_percentiles(ttft, { 50, 90 }),
     ttft_short_ms = ms_percentiles(ttft_short, { 50, 90 }), ttft_long_ms = ms_percentiles(ttft_long, { 50, 90 }),
-    itl_ms = ms_percentiles(itl, { 50, 90, 99 }), itl_max_ms = (common.percentile(itl, 100) or 0) * 1e3,
+    itl_ms = ms_percentiles(itl, { 50, 90, 99 }), itl_max_ms = (cli.percentile(itl, 100) or 0) * 1e3,
     tokens = tokens, seconds = sch.clock, tokens_per_s = tokens / sch.clock, steps = sch.steps }
 end
 
@@ -180,26 +169,27 @@ local result = {
     runs = runs },
 }
 if o.json then
-  print(json.encode(result))
-  os.exit(0)
+  cli.print(json.encode(result))
+  cli.exit(0)
 end
 
-print(string.format("%s, %d threads; engine time, ratios within this run\n", result.model, result.threads))
-print(string.format("batched decode: %d steps after %d-token prompts", steps, depth))
-print(string.format("%4s  %12s  %12s  %8s  %9s  %13s", "N", "alone tok/s", "batch tok/s", "speedup", "step ms",
+cli.print(string.format("%s, %d threads; engine time, ratios within this run\n", result.model, result.threads))
+cli.print(string.format("batched decode: %d steps after %d-token prompts", steps, depth))
+cli.print(string.format("%4s  %12s  %12s  %8s  %9s  %13s", "N", "alone tok/s", "batch tok/s", "speedup", "step ms",
   "wall speedup"))
 for _, r in ipairs(rows) do
-  print(string.format("%4d  %12.1f  %12.1f  %7.2fx  %9.1f  %12.2fx", r.n, r.alone_tps, r.batch_tps, r.speedup,
+  cli.print(string.format("%4d  %12.1f  %12.1f  %7.2fx  %9.1f  %12.2fx", r.n, r.alone_tps, r.batch_tps, r.speedup,
     r.step_ms, r.wall_speedup))
 end
-print("(wall: the calls' whole time, with the Logits objects the binding makes)")
-print(string.format("\nscheduler: %d requests (every 4th %d tokens, the others %d), batch %d, up to %d tokens each",
+cli.print("(wall: the calls' whole time, with the Logits objects the binding makes)")
+cli.print(string.format("\nscheduler: %d requests (every 4th %d tokens, the others %d), batch %d, up to %d tokens each",
   n_requests, long, short, batch, max_tokens))
-print(string.format("%-14s  %9s %9s %9s %9s  %8s %8s %8s %8s  %7s", "prefill chunk", "TTFT p50", "p90",
+cli.print(string.format("%-14s  %9s %9s %9s %9s  %8s %8s %8s %8s  %7s", "prefill chunk", "TTFT p50", "p90",
   "short p90", "long p50", "ITL p50", "p90", "p99", "max", "tok/s"))
 for _, r in ipairs(runs) do
-  print(string.format("%-14s  %9.0f %9.0f %9.0f %9.0f  %8.1f %8.1f %8.1f %8.1f  %7.1f",
+  cli.print(string.format("%-14s  %9.0f %9.0f %9.0f %9.0f  %8.1f %8.1f %8.1f %8.1f  %7.1f",
     r.prefill_chunk == 0 and "whole prompts" or tostring(r.prefill_chunk), r.ttft_ms.p50, r.ttft_ms.p90,
     r.ttft_short_ms.p90, r.ttft_long_ms.p50, r.itl_ms.p50, r.itl_ms.p90, r.itl_ms.p99, r.itl_max_ms, r.tokens_per_s))
 end
-print("(milliseconds of engine time)")
+cli.print("(milliseconds of engine time)")
+cli.exit(0)

@@ -1,6 +1,6 @@
 -- bench-tokenize.lua — tokenization speed (MB/s) on the real models.
 --
---   KVLUA_BUILD=build lua5.4 scripts/bench-tokenize.lua [--ref] [--mb N] [--repeats N]
+--   lua5.4 scripts/bench-tokenize.lua [--ref] [--mb N] [--repeats N]
 --
 -- The text is the repository's tracked source and documentation files
 -- (git ls-files, sorted), concatenated and repeated up to N MB (default 1),
@@ -9,22 +9,19 @@
 -- (default 3) by CPU time. With --ref the same text goes through llama.cpp
 -- (scripts/ref/bench_tokenize_ref.py, needs python3 and the xllamacpp wheel)
 -- and its MB/s and token count are printed beside ours.
-local build = os.getenv("KVLUA_BUILD") or "build"
-package.cpath = build .. "/?.so;" .. package.cpath
+local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
+local cli = require "kvlua.util.cli"
+
+local p = cli.parser("Tokenization speed (MB/s) on the real models.")
+p:flag("--ref", "also run llama.cpp's tokenizer on the text (scripts/ref/bench_tokenize_ref.py)")
+p:num("--mb", "N", "megabytes of text", 1, 1e-6, 4096)
+p:int("--repeats", "N", "runs per model (the best counts)", 3, 1, 1000)
+local opts = p:parse()
 local kvlua = require "kvlua"
 
-local opts = { mb = 1, repeats = 3, ref = false }
-do
-  local i = 1
-  while arg[i] do
-    local a = arg[i]
-    if a == "--ref" then opts.ref = true
-    elseif a == "--mb" then i = i + 1; opts.mb = assert(tonumber(arg[i]), "--mb needs a number")
-    elseif a == "--repeats" then i = i + 1; opts.repeats = assert(math.tointeger(tonumber(arg[i])), "--repeats needs an integer")
-    else error("unknown argument " .. a) end
-    i = i + 1
-  end
-end
+local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
 local function sh(cmd)
   local p = assert(io.popen(cmd))
@@ -35,8 +32,8 @@ end
 
 -- the corpus
 local parts, size = {}, 0
-for path in sh("git ls-files '*.c' '*.h' '*.lua' '*.md' '*.py' '*.sh' | sort"):gmatch("[^\n]+") do
-  local f = io.open(path, "rb")
+for path in sh("git -C " .. q(root) .. " ls-files '*.c' '*.h' '*.lua' '*.md' '*.py' '*.sh' | sort"):gmatch("[^\n]+") do
+  local f = io.open(root .. "/" .. path, "rb")
   if f then
     local s = f:read("a")
     f:close()
@@ -44,7 +41,7 @@ for path in sh("git ls-files '*.c' '*.h' '*.lua' '*.md' '*.py' '*.sh' | sort"):g
     size = size + #s
   end
 end
-assert(size > 0, "no text files found (run from the repository root)")
+if size == 0 then cli.die("no text files found (the script runs from a git checkout)", 1) end
 local want = math.floor(opts.mb * 1e6)
 local text = table.concat(parts)
 local chunks = { text }
@@ -56,7 +53,7 @@ do
   f:write(text)
   f:close()
 end
-print(("text: %.2f MB from %d files (%s)"):format(#text / 1e6, #parts, corpus))
+cli.print(("text: %.2f MB from %d files (%s)"):format(#text / 1e6, #parts, corpus))
 
 local function bench(model)
   local best, n = math.huge, 0
@@ -71,17 +68,19 @@ local function bench(model)
 end
 
 for _, name in ipairs({ "smollm2", "gemma3" }) do
-  local path = sh("scripts/fetch-models.sh " .. name .. " 2>/dev/null"):match("[^\n]+")
+  local path = sh(q(root .. "/scripts/fetch-models.sh") .. " " .. name .. " 2>/dev/null"):match("[^\n]+")
   if not path then
-    print(name .. ": model not available")
+    cli.print(name .. ": model not available")
   else
     local t0 = os.clock()
-    local model = assert(kvlua.load(path))
+    local model, err = kvlua.load(path)
+    if not model then cli.die(err, 1) end
     local load_s = os.clock() - t0
     local mbs, n, secs = bench(model)
     local line = ("%-8s kvlua %7.2f MB/s  %8d tokens  %.3f s   (model load %.0f ms)"):format(name, mbs, n, secs, load_s * 1e3)
     if opts.ref then
-      local out = sh(("python3 scripts/ref/bench_tokenize_ref.py '%s' '%s' %d 2>/dev/null"):format(path, corpus, opts.repeats))
+      local out = sh(("python3 %s %s %s %d 2>/dev/null"):format(q(root .. "/scripts/ref/bench_tokenize_ref.py"), q(path),
+        q(corpus), opts.repeats))
       local rmbs, rn = out:match("^(%S+) (%S+)")
       if rmbs then
         line = line .. ("\n%-8s llama.cpp %5.2f MB/s  %8d tokens  (%s)"):format("", tonumber(rmbs), math.tointeger(tonumber(rn)),
@@ -90,8 +89,9 @@ for _, name in ipairs({ "smollm2", "gemma3" }) do
         line = line .. "\n         llama.cpp: reference run failed"
       end
     end
-    print(line)
+    cli.print(line)
     model:close()
   end
 end
 os.remove(corpus)
+cli.exit(0)

@@ -16,53 +16,72 @@
 -- comparison in one run); --json then keys by "backend/kv".
 -- --plot FILE draws decode tok/s against depth and prefill tok/s against
 -- prompt length, one line per storage type, into a PNG.
-local usage = [[
-usage: lua5.4 scripts/bench.lua [--model PATH] [--threads N] [--reps N]
-                                [--decode N] [--prefill 128,512] [--depth 16,512,1792]
-                                [--kv f16|q8_0|q4_0|f32|q8_0/q4_0|f16,q8_0] [--backend cpu|opencl|cpu,opencl]
-                                [--device N] [--plot FILE] [--json]
-]]
-local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
-local o = common.parse(arg, {
-  model = "", threads = 0, reps = 3, decode = 64, prefill = "128,512", depth = "16,512,1792", json = false,
-  kv = "f16", plot = "", backend = "auto", device = 0,
-}, usage)
-
-local json = require "kvlua.json"
-
-local function list(s)
-  local t = {}
-  for n in s:gmatch("%d+") do t[#t + 1] = math.tointeger(tonumber(n)) end
-  return t
-end
+local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
+local cli = require "kvlua.util.cli"
 
 -- each --kv entry: a type for K and V, "K/V" (e.g. q8_0/q4_0), or
 -- "K/V" with per-layer lists joined by + ("q4_0+0=f16+1=f16/q4_0")
-local kv_types = {}
-for t in o.kv:gmatch("[^,%s]+") do kv_types[#kv_types + 1] = t end
-if #kv_types == 0 then common.die("option --kv needs a type (f16, q8_0, q4_0, f32)") end
 local function kv_pair(spec)
   local k, v = spec:match("^([^/]+)/([^/]+)$")
   k, v = k or spec, v or spec
-  return common.kv_types((k:gsub("%+", ","))), common.kv_types((v:gsub("%+", ",")))
+  local kt, vt = cli.kv_types((k:gsub("%+", ","))), cli.kv_types((v:gsub("%+", ",")))
+  if not kt or not vt then return nil, "a K/V type (f16, f32, q8_0, q4_0), a pair K/V, or per layer q4_0+0=f16" end
+  return { spec = spec, k = kt, v = vt }
+end
+
+local function positive(lo, hi)
+  return function(s) return cli.integer(s, lo, hi) end
+end
+
+local p = cli.parser("Prefill and decode speed of one model on this machine.")
+p:model_options { backend = false }
+p:list("--backend", "LIST", "backends measured taking turns: auto, cpu, opencl (e.g. cpu,opencl)", "auto",
+  function(s)
+    if s == "auto" or s == "cpu" or s == "opencl" then return s end
+    return nil, "one of auto, cpu, opencl"
+  end)
+p:int("--device", "N", "OpenCL device, as kvlua.devices() numbers them (from 1)", 1, 1, 1024)
+p:int("--reps", "N", "repetitions (figures are medians)", 3, 1, 1000)
+p:int("--decode", "N", "tokens decoded at each depth", 64, 1, 1 << 20)
+p:list("--prefill", "LIST", "prompt lengths prefilled", "128,512", positive(1, cli.MAX_CTX // 2))
+p:list("--depth", "LIST", "context depths decoded at", "16,512,1792", positive(1, cli.MAX_CTX // 2))
+p:list("--kv", "LIST", "K/V storage types, each measured (f16, q8_0, q4_0, f32, K/V pairs like q8_0/q4_0)",
+  "f16", kv_pair)
+p:str("--plot", "FILE", "write a PNG of tok/s against depth and prompt length", nil, true)
+p:flag("--json", "print the figures as one JSON object")
+local o = p:parse()
+
+local json = require "kvlua.json"
+
+local kv_types = {}
+for i, kv in ipairs(o.kv) do kv_types[i] = kv.spec end
+local kv_by_spec = {}
+for _, kv in ipairs(o.kv) do kv_by_spec[kv.spec] = kv end
+local function kv_pair_of(spec)
+  return kv_by_spec[spec].k, kv_by_spec[spec].v
 end
 
 -- Lua has no wall clock finer than a second: timings come from the
 -- session's stats, taken with a monotonic clock around each forward pass.
 
 local backends, models = {}, {}
-for b in o.backend:gmatch("[^,%s]+") do
+for _, b in ipairs(o.backend) do
   backends[#backends + 1] = b
-  models[b] = common.load(common.model_path(o.model), o.threads, b, o.device)
+  models[b] = cli.load { model = o.model, threads = o.threads, backend = b, device = o.device }
 end
-if #backends == 0 then common.die("option --backend needs a name (cpu, opencl)") end
 local model = models[backends[1]]
 local n_vocab = model.info.n_vocab
-local depths, prefills = list(o.depth), list(o.prefill)
+for _, kv in ipairs(o.kv) do
+  cli.check_kv(model, kv.k, "--kv")
+  cli.check_kv(model, kv.v, "--kv")
+end
+local depths, prefills = o.depth, o.prefill
 local max_depth = 0
 for _, d in ipairs(depths) do max_depth = math.max(max_depth, d) end
 for _, p in ipairs(prefills) do max_depth = math.max(max_depth, p) end
-local ctx = max_depth + math.tointeger(o.decode) + 16
+local ctx = max_depth + o.decode + 16
 
 -- fixed pseudo-random ids (xorshift), the same in every run
 local function ids(n, seed)
@@ -98,7 +117,7 @@ local function measure(s, m, rep)
     s:rewind(s.pos)
     assert(s:prefill(ids(d, d + 1)))
     local before = #s:stats().itl
-    local toks = ids(math.tointeger(o.decode), d + 2)
+    local toks = ids(o.decode, d + 2)
     for i = 1, #toks do assert(s:decode(toks[i])) end
     local itl = s:stats().itl
     local sum = 0
@@ -113,9 +132,9 @@ end
 local runs = {}
 for _, b in ipairs(backends) do
   for _, kv in ipairs(kv_types) do
-    local kt, vt = kv_pair(kv)
+    local kt, vt = kv_pair_of(kv)
     local s, err = models[b]:session { ctx = ctx, ktype = kt, vtype = vt }
-    if not s then common.die(err) end
+    if not s then cli.die(err) end
     runs[#runs + 1] = { kv = kv, s = s, prefill = {}, decode = {}, ttft_ms = {}, itl = {}, info = models[b].info,
       kv_bytes = model:kv_bytes { ctx = ctx, ktype = kt, vtype = vt } }
     -- warm-up (page in the weights)
@@ -131,16 +150,16 @@ end
 
 local function medians(t)
   local out = {}
-  for k, v in pairs(t) do out[tostring(k)] = common.median(v) end
+  for k, v in pairs(t) do out[tostring(k)] = cli.median(v) end
   return out
 end
 
 local function summary(m)
   return { model = model.info.name, arch = model.info.arch, threads = m.info.threads,
     backend = m.info.backend, device = m.info.device,
-    kv_bytes = m.kv_bytes, kv_type = m.kv, ctx = ctx, peak_rss = common.peak_rss(),
-    itl_ms = { p50 = common.percentile(m.itl, 50) * 1e3, p90 = common.percentile(m.itl, 90) * 1e3,
-      p99 = common.percentile(m.itl, 99) * 1e3 },
+    kv_bytes = m.kv_bytes, kv_type = m.kv, ctx = ctx, peak_rss = cli.peak_rss(),
+    itl_ms = { p50 = cli.percentile(m.itl, 50) * 1e3, p90 = cli.percentile(m.itl, 90) * 1e3,
+      p99 = cli.percentile(m.itl, 99) * 1e3 },
     prefill_tps = medians(m.prefill), ttft_ms = medians(m.ttft_ms), decode_tps = medians(m.decode) }
 end
 
@@ -152,16 +171,16 @@ local function keys(t)
 end
 
 local function print_table(out)
-  print(string.format("model %s (%s) on %s (%s), %d threads, KV %.1f MiB (%s) at ctx %d, peak RSS %.1f MiB",
+  cli.print(string.format("model %s (%s) on %s (%s), %d threads, KV %.1f MiB (%s) at ctx %d, peak RSS %.1f MiB",
     out.model, out.arch, out.backend, out.device, out.threads, out.kv_bytes / 2 ^ 20, out.kv_type, ctx,
     (out.peak_rss or 0) / 2 ^ 20))
   for _, k in ipairs(keys(out.prefill_tps)) do
-    print(string.format("prefill %5s tokens: %8.1f tok/s  (TTFT %.1f ms)", k, out.prefill_tps[k], out.ttft_ms[k]))
+    cli.print(string.format("prefill %5s tokens: %8.1f tok/s  (TTFT %.1f ms)", k, out.prefill_tps[k], out.ttft_ms[k]))
   end
   for _, k in ipairs(keys(out.decode_tps)) do
-    print(string.format("decode at depth %5s: %8.1f tok/s", k, out.decode_tps[k]))
+    cli.print(string.format("decode at depth %5s: %8.1f tok/s", k, out.decode_tps[k]))
   end
-  print(string.format("ITL p50 %.2f ms, p90 %.2f ms, p99 %.2f ms", out.itl_ms.p50, out.itl_ms.p90, out.itl_ms.p99))
+  cli.print(string.format("ITL p50 %.2f ms, p90 %.2f ms, p99 %.2f ms", out.itl_ms.p50, out.itl_ms.p90, out.itl_ms.p99))
 end
 
 local PLOT_COLORS = { "blue", "orange", "green", "purple", "red", "brown" }
@@ -185,30 +204,31 @@ local function plot(path, outs)
     pre:line { points = points(out.prefill_tps), color = color, label = label, marker = true }
   end
   local ok, err = fig:save(path)
-  if not ok then common.die("cannot write the plot: " .. err) end
+  if not ok then cli.die("cannot write the plot: " .. err) end
 end
 
 local outs = {}
 for i, m in ipairs(runs) do outs[i] = summary(m) end
-if o.plot ~= "" then plot(o.plot, outs) end
+if o.plot then plot(o.plot, outs) end
 
 if o.json then
   if #outs == 1 then
-    print(json.encode(outs[1]))
+    cli.print(json.encode(outs[1]))
   else
     local by = {}
     if #backends > 1 then
       for _, out in ipairs(outs) do by[out.backend .. "/" .. out.kv_type] = out end
-      print(json.encode { by_backend_kv = by })
+      cli.print(json.encode { by_backend_kv = by })
     else
       for _, out in ipairs(outs) do by[out.kv_type] = out end
-      print(json.encode { by_kv = by })
+      cli.print(json.encode { by_kv = by })
     end
   end
 else
   for i, out in ipairs(outs) do
-    if i > 1 then print("") end
+    if i > 1 then cli.print("") end
     print_table(out)
   end
-  if o.plot ~= "" then print("plot written to " .. o.plot) end
+  if o.plot then cli.print("plot written to " .. o.plot) end
 end
+cli.exit(0)

@@ -14,28 +14,42 @@
 -- curves (cumulative time, time per token) into a PNG.
 --
 -- Times are the engine's own (monotonic clock around each forward pass).
-local usage = [[
-usage: lua5.4 scripts/kv-demo.lua [options]
-  --model PATH      GGUF file (default: SmolLM2-135M-Instruct, fetched and cached)
-  --prompt TEXT     the prompt (default: a sentence about the Lua language)
-  --tokens N        tokens to generate (default 64)
-  --threads N       CPU threads (default: physical cores)
-  --plot FILE       write a PNG of both curves (e.g. docs/kv-demo.png)
-  --json            print the figures as one JSON object
-]]
-local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
-local o = common.parse(arg, {
-  model = "", prompt = "Lua is a lightweight scripting language designed in Brazil in 1993. Its main ideas are",
-  tokens = 64, threads = 0, plot = "", json = false,
-}, usage)
+local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
+local cli = require "kvlua.util.cli"
 
+local p = cli.parser("Why the second token is faster: generation with the KV cache against recomputing the prefix.")
+p:model_options()
+p:str("--prompt", "TEXT", "the prompt (default: a sentence about the Lua language)",
+  nil, true)
+p:int("--tokens", "N", "tokens to generate", 64, 2, 1 << 16)
+p:str("--plot", "FILE", "write a PNG of both curves (e.g. docs/kv-demo.png)", nil, true)
+p:flag("--json", "print the figures as one JSON object")
+local o = p:parse()
+o.prompt = o.prompt or "Lua is a lightweight scripting language designed in Brazil in 1993. Its main ideas are"
+
+local kvlua = require "kvlua"
 local json = require "kvlua.json"
-local n = math.tointeger(o.tokens)
-if not n or n < 2 then common.die("option --tokens needs an integer of at least 2") end
+local n = o.tokens
 
-local model = common.load(common.model_path(o.model), o.threads, o.backend, o.device)
+local model = cli.load(o)
 local prompt = model:tokenize(o.prompt, { add_special = true })
-local s = assert(model:session { ctx = #prompt + n + 8 })
+-- The session draws its pages from a cache without prefix reuse: otherwise
+-- the recomputed run, which rewinds and prefills the same tokens again,
+-- would get every full page of them back from the cache instead of
+-- computing it (and the baseline would not be one).
+local ctx = #prompt + n + 8
+local cache, cerr = kvlua.cache(model, { pages = (ctx + 15) // 16 + 2, page_tokens = 16, prefix = false })
+if not cache then cli.die(cerr, 1) end
+local s, serr = model:session { ctx = ctx, cache = cache }
+if not s then cli.die(serr, 1) end
+
+-- v, or exit 1 with the message of a failed forward pass.
+local function must(v, err)
+  if not v then cli.die(err, 1) end
+  return v
+end
 
 -- Engine seconds of the session's last forward pass.
 local function last_prefill(before)
@@ -47,7 +61,7 @@ local function last_decode()
 end
 
 -- warm-up: page the weights in
-assert(s:prefill(prompt, { logits = "none" }))
+must(s:prefill(prompt, { logits = "none" }))
 s:rewind(s.pos)
 
 -- ==== cached: prefill once, then decode ======================================
@@ -55,11 +69,11 @@ s:rewind(s.pos)
 local function run_cached()
   local times, ids = {}, {}
   local before = s:stats().prefill_seconds
-  local logits = assert(s:prefill(prompt))
+  local logits = must(s:prefill(prompt))
   times[1] = last_prefill(before)
   ids[1] = logits:argmax()
   for k = 2, n do
-    logits = assert(s:decode(ids[k - 1]))
+    logits = must(s:decode(ids[k - 1]))
     times[k] = last_decode()
     ids[k] = logits:argmax()
   end
@@ -75,7 +89,7 @@ local function run_recomputed(follow)
   for k = 1, n do
     s:rewind(s.pos)
     local before = s:stats().prefill_seconds
-    local logits = assert(s:prefill(seq))
+    local logits = must(s:prefill(seq))
     times[k] = last_prefill(before)
     if logits:argmax() == follow[k] then agree = agree + 1 end
     seq[#seq + 1] = follow[k]
@@ -84,8 +98,12 @@ local function run_recomputed(follow)
   return times, agree
 end
 
+local reused_before = s:stats().reused_tokens
 local cached, ids = run_cached()
 local recomputed, agree = run_recomputed(ids)
+-- every position computed in both runs: none taken from the cache
+local reused = s:stats().reused_tokens - reused_before
+if reused ~= 0 then cli.die(string.format("%d tokens were reused from the cache: not a recomputation", reused), 1) end
 
 local function cumulative(t)
   local c, sum = {}, 0
@@ -108,6 +126,7 @@ end
 local result = {
   model = model.info.name, threads = model.info.threads, prompt_tokens = #prompt, tokens = n,
   text = model:detokenize(ids), same_argmax = agree, -- tokens where the recomputed argmax agrees
+  reused_tokens = reused, -- positions taken from the cache instead of computed (0)
   cached = { ttft_ms = cached[1] * 1e3, decode_ms_mean = (cum_c[n] - cached[1]) / (n - 1) * 1e3,
     per_token_ms = ms(cached), cumulative_s = cum_c, total_s = cum_c[n] },
   recomputed = { ttft_ms = recomputed[1] * 1e3, last_ms = recomputed[n] * 1e3,
@@ -135,24 +154,25 @@ local function plot(path)
   right:line { points = points(cached, 1e3), color = "blue", label = "cache: one decode step per token" }
   right:vline { x = 1.5, label = "token 1: prefill (TTFT) | decode ->" }
   local ok, err = fig:save(path)
-  if not ok then common.die("cannot write the plot: " .. err) end
+  if not ok then cli.die("cannot write the plot: " .. err, 1) end
 end
 
-if o.plot ~= "" then plot(o.plot) end
+if o.plot then plot(o.plot) end
 
 if o.json then
-  print(json.encode(result))
+  cli.print(json.encode(result))
 else
-  print(string.format("model %s, %d threads; prompt %d tokens, %d tokens generated (greedy)",
+  cli.print(string.format("model %s, %d threads; prompt %d tokens, %d tokens generated (greedy)",
     result.model, result.threads, #prompt, n))
-  print(string.format("%5s  %-7s  %12s %12s  %12s %12s", "token", "phase", "cached ms", "total s",
+  cli.print(string.format("%5s  %-7s  %12s %12s  %12s %12s", "token", "phase", "cached ms", "total s",
     "recompute ms", "total s"))
   for k = 1, n do
-    print(string.format("%5d  %-7s  %12.1f %12.3f  %12.1f %12.3f", k, k == 1 and "prefill" or "decode",
+    cli.print(string.format("%5d  %-7s  %12.1f %12.3f  %12.1f %12.3f", k, k == 1 and "prefill" or "decode",
       cached[k] * 1e3, cum_c[k], recomputed[k] * 1e3, cum_r[k]))
   end
-  print(string.format("TTFT %.1f ms (both); then %.1f ms per token with the cache, %.1f ms for the last "
+  cli.print(string.format("TTFT %.1f ms (both); then %.1f ms per token with the cache, %.1f ms for the last "
     .. "token without; %d tokens in %.2f s vs %.2f s (%.1fx)", result.cached.ttft_ms, result.cached.decode_ms_mean,
     result.recomputed.last_ms, n, cum_c[n], cum_r[n], result.speedup))
-  if o.plot ~= "" then print("plot written to " .. o.plot) end
+  if o.plot then cli.print("plot written to " .. o.plot) end
 end
+cli.exit(0)

@@ -13,43 +13,45 @@
 -- and, with --compare, the TTFT of a cold prefill of the same conversation
 -- and whether both answers are the same (restoring is exact). --json
 -- prints the figures as one JSON object.
-local usage = [[
-usage: lua5.4 scripts/prompt-cache.lua (--save FILE | --load FILE) [--system TEXT | --system-file PATH]
-                                       [--question TEXT] [--max-tokens N] [--key-file PATH] [--compare]
-                                       [--model PATH] [--threads N] [--json]
-]]
-local common = dofile((arg[0]:match("^(.*)/") or ".") .. "/common.lua")
-local o = common.parse(arg, { model = "", threads = 0, save = "", load = "", system = "", ["system-file"] = "",
-  question = "", ["max-tokens"] = 48, ["key-file"] = "", compare = false, json = false }, usage)
+local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
+package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
+local cli = require "kvlua.util.cli"
+
+local p = cli.parser("A long system prompt's KV cache computed once, kept in a file, answering in other processes.")
+p:str("--save", "FILE", "prefill the system prompt and save the session to FILE", nil, true)
+p:str("--load", "FILE", "restore the session from FILE and answer --question", nil, true)
+p:str("--system", "TEXT", "the system prompt", nil, true)
+p:str("--system-file", "PATH", "the system prompt, from a file", nil, true)
+p:str("--question", "TEXT", "the user's question (with --load)", nil, true)
+p:int("--max-tokens", "N", "tokens of the answer at most", 48, 1, 4000)
+p:str("--key-file", "PATH", "a 32-byte key: the file is encrypted", nil, true)
+p:flag("--compare", "also answer from a cold prefill, and compare")
+p:model_options()
+p:flag("--json", "print the figures as one JSON object")
+local o = p:parse()
 
 local kvlua = require "kvlua"
 local chat = require "kvlua.chat"
 local json = require "kvlua.json"
 
-if (o.save == "") == (o.load == "") then common.die("give exactly one of --save FILE and --load FILE\n" .. usage) end
+if (o.save == nil) == (o.load == nil) then cli.die("give exactly one of --save FILE and --load FILE") end
 local system = o.system
-if o["system-file"] ~= "" then
-  local f, err = io.open(o["system-file"], "rb")
-  if not f then common.die("cannot read --system-file: " .. err) end
-  system = f:read("a")
-  f:close()
-end
-if system == "" then common.die("give the system prompt (--system or --system-file)") end
+if o.system_file then system = cli.read_file(o.system_file, "--system-file PATH") end
+if not system or system == "" then cli.die("give the system prompt (--system or --system-file)") end
+if o.load and not o.question then cli.die("--load needs --question TEXT") end
 local key
-if o["key-file"] ~= "" then
-  local f, err = io.open(o["key-file"], "rb")
-  if not f then common.die("cannot read --key-file: " .. err) end
-  key = f:read("a")
-  f:close()
-  if #key ~= 32 then common.die("--key-file must hold exactly 32 bytes (it holds " .. #key .. ")") end
+if o.key_file then
+  key = cli.read_file(o.key_file, "--key-file PATH")
+  if #key ~= 32 then cli.die("--key-file must hold exactly 32 bytes (it holds " .. #key .. ")") end
 end
 
-local model = common.load(common.model_path(o.model), o.threads)
+local model = cli.load(o)
 local ctx = 4096
 
 local function ids_of(messages, gen)
   local text, err = chat.render(model, messages, { add_generation_prompt = gen })
-  if not text then common.die("chat template: " .. err) end
+  if not text then cli.die("chat template: " .. err) end
   return model:tokenize(text, { add_special = true, parse_special = true })
 end
 
@@ -61,7 +63,7 @@ end
 
 local function answer(s, logits)
   local out = {}
-  for _ = 1, math.tointeger(o["max-tokens"]) do
+  for _ = 1, o.max_tokens do
     local id = logits:argmax()
     if model:is_eog(id) then break end
     out[#out + 1] = id
@@ -72,30 +74,29 @@ end
 
 local sys_msg = { role = "system", content = system }
 
-if o.save ~= "" then
+if o.save then
   local ids = ids_of({ sys_msg }, false)
   local s = assert(model:session { ctx = ctx })
   local ok, err = s:prefill(ids, { logits = "none" })
-  if not ok then common.die(err) end
+  if not ok then cli.die(err) end
   ok, err = s:save(o.save, { key = key })
-  if not ok then common.die(err) end
+  if not ok then cli.die(err) end
   local st = s:stats()
   if o.json then
-    print(json.encode { saved = o.save, tokens = #ids, prefill_ms = st.prefill_seconds * 1e3, kv_bytes = st.kv_bytes })
+    cli.print(json.encode { saved = o.save, tokens = #ids, prefill_ms = st.prefill_seconds * 1e3, kv_bytes = st.kv_bytes })
   else
-    print(("saved %d tokens of system prompt to %s (prefill %.1f ms, %.1f MiB of K/V)"):format(#ids, o.save,
+    cli.print(("saved %d tokens of system prompt to %s (prefill %.1f ms, %.1f MiB of K/V)"):format(#ids, o.save,
       st.prefill_seconds * 1e3, st.kv_bytes / 2 ^ 20))
   end
-  os.exit(0)
+  cli.exit(0)
 end
 
-if o.question == "" then common.die("--load needs --question TEXT") end
 local ids = ids_of({ sys_msg, { role = "user", content = o.question } }, true)
 
 -- with the file: restore, then prefill what follows the saved prefix
 local t0 = os.clock()
 local s, err = kvlua.restore(model, o.load, { key = key, ctx = ctx })
-if not s then common.die("restore: " .. err) end
+if not s then cli.die("restore: " .. err) end
 local restore_cpu = os.clock() - t0
 local keep = common_prefix(s:tokens(), ids)
 if keep == #ids then keep = keep - 1 end
@@ -114,10 +115,11 @@ if o.compare then -- a cold prefill of the whole conversation
 end
 
 if o.json then
-  print(json.encode(out))
+  cli.print(json.encode(out))
 else
-  print(text)
+  cli.print(text)
   io.stderr:write(("%d prompt tokens, %d from the file; TTFT %.1f ms (restore + %d new tokens)%s\n"):format(#ids, keep,
     out.ttft_ms, #ids - keep, out.ttft_cold_ms and (", %.1f ms cold; same answer: %s"):format(out.ttft_cold_ms,
       tostring(out.same_answer)) or ""))
 end
+cli.exit(0)

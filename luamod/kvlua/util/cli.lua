@@ -101,6 +101,17 @@ function M.kv_types(spec)
   return t
 end
 
+--- cli.kv_text(types): the command-line form of cli.kv_types's value.
+function M.kv_text(t)
+  if type(t) ~= "table" then return t end
+  local layers = {}
+  for k in pairs(t) do if k ~= "default" then layers[#layers + 1] = k end end
+  table.sort(layers)
+  local parts = { t.default }
+  for _, l in ipairs(layers) do parts[#parts + 1] = l .. "=" .. t[l] end
+  return table.concat(parts, ",")
+end
+
 -- ==== the parser ===============================================================
 
 local Parser = {}
@@ -207,7 +218,7 @@ function Parser:model_options(opts)
   end
   if opts.backend ~= false then
     self:choice("--backend", { "auto", "cpu", "opencl" }, "where the model runs", "auto")
-    self:int("--device", "N", "OpenCL device index", 0, 0, 1023)
+    self:int("--device", "N", "OpenCL device, as kvlua.devices() numbers them (from 1)", 1, 1, 1024)
   end
 end
 
@@ -250,7 +261,7 @@ end
 function Parser:parse(argv)
   local ok, r = self.ap:pparse(argv or arg)
   if not ok then
-    local msg = r:gsub("'(%-%-?[%w%-_]+)'", "%1")
+    local msg = r:gsub("'(%-%-?%a[%w%-_]*)'", "%1")
     if self.bad[r] then M.die(msg) end
     io.stderr:write(M.prog, ": ", msg, "\n", self.ap:get_usage(), "\n")
     os.exit(2)
@@ -399,6 +410,15 @@ function Output:close()
 end
 
 M.stdout = setmetatable({ f = io.stdout, name = "stdout" }, Output)
+
+--- cli.print(...): print's output through cli.stdout (print flushes
+--- stdout itself and drops the error, so a failed write would go unseen).
+function M.print(...)
+  local n = select("#", ...)
+  local t = {}
+  for i = 1, n do t[i] = tostring((select(i, ...))) end
+  M.stdout:write(table.concat(t, "\t"), "\n")
+end
 
 --- cli.exit(status): flushes stdout (exit 1 with a message when that
 --- fails, e.g. on a full disk) and exits with status.
