@@ -4,6 +4,9 @@
 -- Interactive by default: type a message; /quit or EOF (Ctrl-D) quits, an
 -- empty line is skipped, Ctrl-C during a reply stops that reply (the
 -- part written so far stays in the conversation) and gives the prompt back.
+-- Plain Lua has no signal handler: lua5.4 turns the first SIGINT into the
+-- error "interrupted!" (caught here) and then restores SIGINT's default
+-- action, so a second Ctrl-C in the same run ends the program.
 -- With --prompt, answers that message and exits (for scripts and tests;
 -- several --prompt turns can be given separated by "|||").
 -- Each turn renders the whole conversation with the model's chat template,

@@ -5,7 +5,7 @@
 --   lua5.4 scripts/bench.lua --reps 1 --prefill 16 --depth 8 --decode 4 --json
 --   lua5.4 scripts/perplexity.lua --file tests/data/public-domain.txt --ctx 128 --chunks 1 --json
 --
--- They find the module through KVLUA_BUILD (scripts/common.lua), passed on
+-- They find the module through KVLUA_BUILD (their first lines), passed on
 -- from the environment busted runs in. Each script runs on a tiny model
 -- written to a temporary file (--model, no download) and, when it is
 -- available, on the default model (SmolLM2, fetched and cached).

@@ -5,7 +5,7 @@
 --   local r = S.run("generate.lua", { "--max-tokens", "4" })  -- {out=, err=, rc=, cmd=}
 --   S.assert_ok(r);  S.json_decode(r.out);  S.jsonl_lines(r.out);  S.like(pattern, text, what)
 --
--- The scripts find the module through KVLUA_BUILD (scripts/common.lua),
+-- The scripts find the module through KVLUA_BUILD (their first lines),
 -- passed on from the environment busted runs in. json_decode is written
 -- here, apart from kvlua.json, so it can check what the scripts print.
 local S = {}
