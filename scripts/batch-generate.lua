@@ -135,6 +135,10 @@ local function request(line, item, bad)
     req.prompt = item_prompt(item)
     req.max_tokens = item_opt(item, "max_tokens", o.max_tokens)
     req.stop = item_stop(item)
+    if ctx == 0 and #req.prompt + req.max_tokens + 1 > cli.MAX_CTX then
+      error(string.format("the prompt (%d tokens) and max_tokens (%d) need more than the largest context, %d tokens",
+        #req.prompt, req.max_tokens, cli.MAX_CTX), 0)
+    end
     req.sampler = sampling.from_opts {
       temp = item_opt(item, "temp", o.temp), top_k = item_opt(item, "top_k", o.top_k),
       top_p = item_opt(item, "top_p", o.top_p), min_p = item_opt(item, "min_p", o.min_p),
@@ -143,7 +147,7 @@ local function request(line, item, bad)
     }
   end)
   if not ok then
-    req.error = tostring(e)
+    req.error = tostring(e):gsub("^[^\n:]*%.lua:%d+: ", "") -- (a module's position: not the item's business)
     io.stderr:write(string.format("%s:%d: %s\n", o.file, line, req.error))
   end
   return req

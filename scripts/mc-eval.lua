@@ -161,6 +161,13 @@ local out = o.out and cli.output(o.out)
 
 -- ==== items → tasks ==========================================================
 
+-- The context size an item's sessions need: its context and its longest choice.
+local function session_ctx(t)
+  local longest = 0
+  for _, c in ipairs(t.choices) do longest = math.max(longest, #c) end
+  return #t.context + longest
+end
+
 -- The task of a well-formed item: {line, id, context = ids, choices = {ids...}, answer = 1-based},
 -- or raises a message.
 local function task_of(line, item)
@@ -173,8 +180,9 @@ local function task_of(line, item)
   end
   local answer = item.answer
   if math.type(answer) ~= "integer" or answer < 0 or answer >= #choices then
+    local ok, shown = pcall(json.encode, answer) -- (1e400 has no JSON form)
     error(string.format('"answer" must be a 0-based index below %d (the number of choices), not %s',
-      #choices, json.encode(answer)), 0)
+      #choices, ok and shown or tostring(answer)), 0)
   end
   local t = { line = line, id = id, answer = answer + 1, choices = {}, chars = {},
     context = model:tokenize(item.context, { add_special = true, parse_special = false }) }
@@ -185,6 +193,10 @@ local function task_of(line, item)
     if not t.chars[k] then error(string.format("choice %d is not valid UTF-8", k - 1), 0) end
     t.choices[k] = model:tokenize(c, { add_special = false, parse_special = false })
     if #t.choices[k] == 0 then error(string.format("choice %d has no tokens", k - 1), 0) end
+  end
+  if session_ctx(t) > cli.MAX_CTX then
+    error(string.format("the context and the longest choice need more than the largest context, %d tokens",
+      cli.MAX_CTX), 0)
   end
   return t
 end
@@ -235,12 +247,6 @@ local function choice_logprobs(ctx_logits, s, choice)
     for j = 2, #choice do lp[j] = l:logprob(choice[j], j - 1) end
   end
   return lp
-end
-
-local function session_ctx(t)
-  local longest = 0
-  for _, c in ipairs(t.choices) do longest = math.max(longest, #c) end
-  return #t.context + longest
 end
 
 -- A session from the cache holding t's context, and its last logits; or nil, message.

@@ -19,6 +19,10 @@
 --      as text to continue); --json printed nothing when the context filled
 --   8  kv-demo.lua: the "recomputed" baseline got pages back from the cache
 --      (prefix reuse) instead of computing them
+--   9  an item the engine refuses (max_tokens that take the context past
+--      2^24 tokens) ended batch-generate with a traceback; item errors
+--      carried a Lua module's file position; mc-eval's "answer": 1e400
+--      was reported as a JSON encoding failure
 --
 -- The scripts run as a user runs them (a separate lua5.4), on tiny
 -- random-weight models written to temporary files.
@@ -348,5 +352,29 @@ describe("8: kv-demo.lua's recomputed baseline", function()
     assert.is_true(j.prompt_tokens > 32)
     assert.equals(0, j.reused_tokens)
     assert.equals(20, j.same_argmax)
+  end)
+end)
+
+-- ==== 9 ======================================================================
+
+describe("9: items the engine refuses", function()
+  it("are their own error lines with the reason; the run goes on", function()
+    local input = write('{"prompt": "x", "max_tokens": 16777216}\n{"prompt": "y", "temp": 1, "top_p": 7}\n'
+      .. '{"prompt": "z", "max_tokens": 2}\n')
+    local r = run("batch-generate.lua", { "--model", tiny_path, "--file", input, "--quiet" })
+    os.remove(input)
+    assert.equals(1, r.rc, explain(r))
+    local out = jsonl_lines(r.out)
+    assert.equals(3, #out)
+    assert.same({ "error", "error", "length" }, { out[1].finish_reason, out[2].finish_reason, out[3].finish_reason })
+    S.like("^the prompt %(%d+ tokens%) and max_tokens %(16777216%) need more than the largest context", out[1].error)
+    assert.equals("sampling: top_p must be in [0, 1], got 7", out[2].error)
+    assert.is_nil(r.err:find("traceback", 1, true))
+
+    local items = write('{"context": "Hello", "choices": [" a", " b"], "answer": 1e400}\n' .. MC)
+    r = run("mc-eval.lua", { "--model", tiny_path, "--file", items, "--quiet" })
+    os.remove(items)
+    assert.equals(1, r.rc, explain(r))
+    S.like(':1: "answer" must be a 0%-based index below 2 %(the number of choices%), not inf', r.err)
   end)
 end)
