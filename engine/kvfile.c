@@ -5,7 +5,9 @@
  * Layout:
  *   "KVLUAKV1"  u32 version (2)  u32 flags (1: encrypted)
  *   (version 2: quantized pages hold Hadamard-rotated rows, quant.h; a
- *   version 1 file restores only when its pages are f16/f32)
+ *   version 1 file restores only when its pages are f16/f32. These 16
+ *   bytes are authenticated as they are on disk, version included: a
+ *   changed version reads as an altered file, never as an older one)
  *   encrypted:  crypto_secretstream_xchacha20poly1305 header (24 bytes), then
  *               records [u32 n][n bytes of ciphertext]; the first is
  *               authenticated together with the 16 bytes above (additional
@@ -157,7 +159,7 @@ static kv_status r_fill(kvf_stream *s) {
     uint8_t len[4];
     if (fread(len, 4, 1, s->f) != 1) return fmt_fail(s, "truncated (no final record)");
     size_t n = get_u32(len);
-    if (n > KVF_CHUNK + KVF_ABYTES) return fmt_fail(s, "record larger than allowed");
+    if (n > (s->enc ? KVF_CHUNK + KVF_ABYTES : KVF_CHUNK)) return fmt_fail(s, "record larger than allowed");
     if (!s->enc && n == 0) { /* the end came before the data did */
         if (r_checksum(s)) return s->st;
         return fmt_fail(s, "truncated (the stream ends before what the header promises)");
@@ -216,14 +218,45 @@ static kv_status r_end(kvf_stream *s) {
     return KV_OK;
 }
 
-static kv_status stream_init(kvf_stream *s, FILE *f, bool enc, const char *magic, kv_error *e) {
+/* A plain file of an older version: its checksum is verified over the
+ * whole file before anything in it is believed, so that a refusal by
+ * version (r_types) concerns a file as it was written, and a version
+ * changed on disk reads as an altered file. (An encrypted file needs no
+ * second pass: the version is the first record's additional data, and the
+ * types come after it.) The stream is left where it was. */
+static kv_status r_older(kvf_stream *s, uint32_t version) {
+    if (s->enc || version == KVF_VERSION) return KV_OK;
+    const long start = ftell(s->f);
+    if (start < 0) return io_fail(s, "tell");
+    const crypto_generichash_state hs = s->hs; /* the 16 bytes only */
+    for (;;) {
+        uint8_t len[4];
+        if (fread(len, 4, 1, s->f) != 1) return fmt_fail(s, "truncated (no checksum)");
+        const size_t n = get_u32(len);
+        if (n == 0) break;
+        if (n > KVF_CHUNK) return fmt_fail(s, "record larger than allowed");
+        if (fread(s->buf, 1, n, s->f) != n) return fmt_fail(s, "truncated record");
+        crypto_generichash_update(&s->hs, len, 4);
+        crypto_generichash_update(&s->hs, s->buf, n);
+    }
+    if (r_checksum(s)) return s->st;
+    s->hs = hs, s->eof = false;
+    if (fseek(s->f, start, SEEK_SET) != 0) return io_fail(s, "seek");
+    return KV_OK;
+}
+
+/* version: the writer's KVF_VERSION, or the version a reader found in the
+ * file: the 16 bytes are authenticated as they are on disk (the first
+ * record's additional data, or the start of the checksum), so a changed
+ * version reads as an altered file. */
+static kv_status stream_init(kvf_stream *s, FILE *f, bool enc, const char *magic, uint32_t version, kv_error *e) {
     memset(s, 0, sizeof *s);
     s->f = f, s->enc = enc, s->e = e, s->first = true;
     s->buf = malloc(KVF_CHUNK);
     s->cbuf = enc ? malloc(KVF_CHUNK + KVF_ABYTES) : NULL;
     if (!s->buf || (enc && !s->cbuf)) return kv_fail(e, KV_ERR_NOMEM, "kv file: out of memory");
     memcpy(s->pre, magic, 8);
-    put_u32(s->pre + 8, KVF_VERSION);
+    put_u32(s->pre + 8, version);
     put_u32(s->pre + 12, enc ? 1u : 0u);
     crypto_generichash_init(&s->hs, NULL, 0, 32);
     crypto_generichash_update(&s->hs, s->pre, sizeof s->pre);
@@ -251,7 +284,7 @@ static kv_status save_open(kvf_stream *w, const char *path, const char *magic, c
     if ((*fd = mkstemp(*tmp)) < 0)
         return kv_fail(e, KV_ERR_IO, "save: cannot create a file beside %s: %s", path, strerror(errno));
     if (!(*f = fdopen(*fd, "wb"))) return kv_fail(e, KV_ERR_IO, "save: %s", strerror(errno));
-    kv_status st = stream_init(w, *f, key != NULL, magic, e);
+    kv_status st = stream_init(w, *f, key != NULL, magic, KVF_VERSION, e);
     if (st) {
         stream_free(w);
         return st;
@@ -404,13 +437,18 @@ static kv_status read_head(kvf_stream *r, FILE *f, bool enc, const uint8_t *key,
 }
 
 /* The layers' K then V types (*types, n_layer * 2, the caller frees it);
- * version 1 stored quantized pages unrotated (quant.h): refused. */
+ * version 1 stored quantized pages unrotated (quant.h): refused by its
+ * version, once the file is known to be as written (r_older, or the
+ * authenticated first record). */
 static kv_status r_types(kvf_stream *r, uint32_t version, int n_layer, int **types, kv_error *e) {
     if (!(*types = malloc(2 * (size_t)n_layer * sizeof(int)))) return kv_fail(e, KV_ERR_NOMEM, "restore: out of memory");
     for (int i = 0; i < 2 * n_layer; i++) (*types)[i] = (int)r_u32(r);
     for (int i = 0; i < 2 * n_layer && version < 2 && !r->st; i++)
         if (kv_type_rotated((*types)[i]))
-            fmt_fail(r, "format version 1 holds quantized pages without the rotation this kvlua applies: save it again");
+            r->st = kv_fail(e, KV_ERR_UNSUPPORTED,
+                            "%s file version 1: this kvlua reads version 2, and version 1 only with f16/f32 pages "
+                            "(its quantized pages lack the rotation this kvlua applies): prefill and save it again",
+                            memcmp(r->pre, KVC_MAGIC, 8) == 0 ? "cache" : "session");
     return r->st;
 }
 
@@ -430,13 +468,13 @@ kv_status kv_session_restore_fp(kv_model *m, FILE *f, const uint8_t *key, kv_cac
     kv_status st = read_pre(pre, key, &version, &enc, e);
     if (st) return st;
     kvf_stream r;
-    st = stream_init(&r, f, enc, KVF_MAGIC, e);
+    st = stream_init(&r, f, enc, KVF_MAGIC, version, e);
     kv_session *s = NULL;
     kv_cache *pool = NULL;
     int *types = NULL;
     if (st) goto done;
     uint32_t hv[9];
-    if ((st = read_head(&r, f, enc, key, m, hv, 9, e))) goto done;
+    if ((st = r_older(&r, version)) || (st = read_head(&r, f, enc, key, m, hv, 9, e))) goto done;
     const kv_model_info *in = &m->info;
     const int pt = (int)hv[0], n_groups = (int)hv[1];
     const uint32_t n_ctx = hv[6], n_tokens = hv[7], n_pages = hv[8];
@@ -682,7 +720,7 @@ kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t 
     size = (uint64_t)end;
 
     kvf_stream r;
-    st = stream_init(&r, f, enc, KVC_MAGIC, e);
+    st = stream_init(&r, f, enc, KVC_MAGIC, version, e);
     int *types = NULL;
     kv_hash *hash = NULL;
     int32_t *parent = NULL, *ids = NULL, *slot = NULL, *pn = NULL;
@@ -690,7 +728,7 @@ kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t 
     const int G = c->n_groups, pt = c->pt;
     if (st) goto done;
     uint32_t hv[8];
-    if ((st = read_head(&r, f, enc, key, m, hv, 8, e))) goto done;
+    if ((st = r_older(&r, version)) || (st = read_head(&r, f, enc, key, m, hv, 8, e))) goto done;
     if (hv[2] != (uint32_t)in->n_layer || hv[3] != (uint32_t)in->n_head_kv || hv[4] != (uint32_t)in->head_dim ||
         hv[5] != (uint32_t)in->head_dim_v || hv[1] != (uint32_t)G) {
         st = fmt_fail(&r, "header does not describe a cache of this model");

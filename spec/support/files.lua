@@ -5,6 +5,7 @@
 --   files.read(path) --> its bytes
 --   files.write(path, s)                     -- replaces path's bytes with s
 --   files.records(bytes, encrypted)          --> head, { record, ... }, tail  (kvlua session / cache files)
+--   files.as_version(bytes, v)               --> a plain kvlua file as version v would have written it
 local M = {}
 
 function M.write_temp(text)
@@ -42,6 +43,22 @@ function M.records(bytes, encrypted)
     at = at + 4 + n
   end
   return bytes:sub(1, off), recs, bytes:sub(at)
+end
+
+-- A plain (unencrypted) kvlua session or cache file with its version field
+-- set to v and its checksum recomputed (BLAKE2b-256 of everything before the
+-- end record, by coreutils' b2sum): the bytes a kvlua writing version v
+-- would have written, as far as the container goes.
+function M.as_version(bytes, v)
+  local body = bytes:sub(1, 8) .. string.pack("<I4", v) .. bytes:sub(13, -37)
+  local tmp = os.tmpname()
+  M.write(tmp, body)
+  local p = assert(io.popen("b2sum -l 256 " .. tmp))
+  local hex = p:read("l"):match("^%x+")
+  p:close()
+  os.remove(tmp)
+  assert(hex and #hex == 64, "b2sum failed")
+  return body .. string.pack("<I4", 0) .. hex:gsub("%x%x", function(h) return string.char(tonumber(h, 16)) end)
 end
 
 return M
