@@ -572,13 +572,20 @@ static kv_status make_room(kv_cache *c, int g, int need, kv_error *e) {
         cands[k++] = (kv_evict_candidate){id, g, ((int64_t)p->lp + 1) * c->pt, p->hits, p->last_use, G->page_bytes};
     }
     int n_chosen = 0;
+    c->in_policy++; /* the pool takes, pins and evicts nothing until it returns */
     kv_status st = c->policy(c->policy_ud, cands, n, need, chosen, &n_chosen, e);
+    c->in_policy--;
+    if (st == KV_OK && (n_chosen < 0 || n_chosen > n))
+        st = kv_fail(e, KV_ERR_ARG, "cache policy: returned %d pages of %d candidates", n_chosen, n);
     if (st == KV_OK) {
-        /* every id a candidate, once */
+        /* every id a candidate, once, and still one now: the policy's code
+         * may have released pages (a session closed meanwhile), never taken */
         for (int i = 0; i < n_chosen && st == KV_OK; i++) {
             int32_t id = chosen[i];
-            bool ok = id >= 0 && id < G->n_pages && G->pages[id].state == KV_PAGE_SEALED && G->pages[id].ref == 0 &&
-                      !G->pages[id].pinned;
+            bool ok = false;
+            for (int j = 0; j < n && !ok; j++) ok = cands[j].id == id;
+            ok = ok && id >= 0 && id < G->n_pages && G->pages[id].state == KV_PAGE_SEALED &&
+                 G->pages[id].ref == 0 && !G->pages[id].pinned;
             for (int j = 0; ok && j < i; j++) ok = chosen[j] != id;
             if (!ok) st = kv_fail(e, KV_ERR_ARG, "cache policy: returned page %d, which is not a candidate (or twice)", (int)id);
         }
@@ -608,7 +615,16 @@ static int evictable(const kv_cache *c, int g) {
     return n;
 }
 
+kv_status kv_pool_busy(const kv_cache *c, const struct kv_kvcache *kv, const char *what, kv_error *e) {
+    if (c && c->in_policy) return kv_fail(e, KV_ERR_ARG, "%s: cache busy: its eviction policy is running", what);
+    if (kv && kv->busy)
+        return kv_fail(e, KV_ERR_ARG, "%s: session busy: an evaluation of it is waiting on an eviction policy", what);
+    return KV_OK;
+}
+
 kv_status kv_pool_reserve(kv_cache *c, const int need[KV_MAX_GROUPS], kv_error *e) {
+    kv_status busy = kv_pool_busy(c, NULL, "cache", e);
+    if (busy) return busy;
     for (int g = 0; g < c->n_groups; g++) {
         if (need[g] <= 0) continue;
         kv_group *G = &c->groups[g];
@@ -667,6 +683,8 @@ kv_status kv_pool_take(kv_cache *c, int g, int n, int32_t *ids, kv_error *e) {
 
 kv_status kv_pool_take_free(kv_cache *c, int g, int32_t *id, kv_error *e) {
     kv_group *G = &c->groups[g];
+    kv_status busy = kv_pool_busy(c, NULL, "cache", e);
+    if (busy) return busy;
     if (group_room(c, g) < 1)
         return kv_fail(e, KV_ERR_CACHE_FULL, "cache full: no free page left in layer group %d (%d in use by sessions, "
                        "%d cached; capacity %llu bytes)", g, (int)G->n_used, (int)G->n_cached,
@@ -817,6 +835,7 @@ void kv_cache_set_policy(kv_cache *c, kv_evict_fn fn, void *ud) {
 
 int64_t kv_cache_clear(kv_cache *c) {
     int64_t n = 0;
+    if (c->in_policy) return 0; /* evicts nothing under the policy (kv_pool_busy) */
     for (int g = 0; g < c->n_groups; g++) {
         kv_group *G = &c->groups[g];
         for (int32_t id = G->lru_head; id >= 0;) {
@@ -829,6 +848,8 @@ int64_t kv_cache_clear(kv_cache *c) {
 }
 
 kv_status kv_cache_pin(kv_cache *c, const int32_t *ids, size_t n, bool pin, kv_error *e) {
+    kv_status busy = kv_pool_busy(c, NULL, pin ? "pin" : "unpin", e);
+    if (busy) return busy;
     if (!c->prefix) return kv_fail(e, KV_ERR_ARG, "cache: pin needs a cache with prefix = true");
     const size_t np = n / (size_t)c->pt;
     if (pin) {

@@ -119,6 +119,8 @@ struct kv_cache {
     kv_hmap tnode_index; /* hash -> node */
     kv_evict_fn policy;
     void *policy_ud;
+    int in_policy;       /* the policy is running: the pool takes, pins and evicts nothing
+                            (kv_pool_busy); only releases (a session closed meanwhile) */
     kv_cache *next_of_model; /* the model's list of caches (lookup "other types") */
     /* counters */
     uint64_t hits, misses, reused_tokens, evictions;
@@ -132,6 +134,8 @@ struct kv_kvcache {
     kv_cache *pool;
     int n_ctx, n_lp;    /* positions, logical pages */
     int32_t *tab[KV_MAX_GROUPS]; /* (n_lp) page id per logical page, -1: none */
+    int busy;           /* an evaluation through these tables is in progress (it may be
+                           waiting on an eviction policy): nothing may change them */
     /* a device backend's copy of the tables, or NULL */
     void *dev;
     void (*dev_free)(void *dev);
@@ -149,6 +153,14 @@ typedef struct {
 kv_status kv_pool_open_bare(const kv_pool_shape *sh, const kv_cache_params *p, int private_ctx, kv_cache **out,
                             kv_error *e);
 void kv_cache_retain(kv_cache *c);
+
+/* Re-entry: an eviction policy is user code called in the middle of an
+ * evaluation. While it runs, nothing it does may change the evaluation that
+ * asked: the pool refuses to take, evict or pin pages, and the sessions of
+ * the evaluation (tables marked busy) refuse every change. Returns KV_OK,
+ * or KV_ERR_ARG naming what is busy (what: the operation, for the message);
+ * kv may be NULL. */
+kv_status kv_pool_busy(const kv_cache *c, const struct kv_kvcache *kv, const char *what, kv_error *e);
 
 /* Takes n new OWNED pages of group g (referenced once), evicting cached
  * pages (through the policy if any) when the pool is full. All or nothing. */

@@ -33,6 +33,8 @@
 kv_status kv_session_alloc(kv_model *m, int n_ctx, kv_cache *pool, kv_session **out, kv_error *e) {
     const kv_model_info *in = &m->info;
     kv_backend *be = &m->be;
+    kv_status busy = kv_pool_busy(pool, NULL, "session", e); /* not from inside its policy */
+    if (busy) return busy;
     kv_session *s = calloc(1, sizeof *s);
     if (!s) return kv_fail(e, KV_ERR_NOMEM, "session: out of memory");
     s->m = m;
@@ -117,6 +119,8 @@ kv_status kv_session_fork(kv_session *s, kv_session **out, kv_error *e) {
     if (!out) return kv_fail(e, KV_ERR_ARG, "fork: out is NULL");
     *out = NULL;
     if (!s) return kv_fail(e, KV_ERR_ARG, "fork: session is NULL");
+    kv_status busy = kv_pool_busy(s->kv->pool, s->kv, "fork", e);
+    if (busy) return busy;
     kv_session *f;
     kv_status st = kv_session_alloc(s->m, s->n_ctx, s->kv->pool, &f, e);
     if (st) return st;
@@ -531,13 +535,17 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
         return kv_fail(e, KV_ERR_CONTEXT_FULL, "context full: %d tokens in session + %zu new > n_ctx %d", s->pos, n,
                        s->n_ctx);
     const int n_vocab = s->m->info.n_vocab;
+    kv_status st;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= n_vocab)
             return kv_fail(e, KV_ERR_ARG, "eval: token id %d at index %zu is out of range [0, %d)", (int)ids[i], i,
                            n_vocab);
 
+    if ((st = kv_pool_busy(pool_of(s), s->kv, "eval", e))) return st;
+
     const int pos_before = s->pos;
-    kv_status st = repair(s, e);
+    s->kv->busy++; /* until it returns: an eviction policy it calls cannot change it */
+    st = repair(s, e);
     int taken = 0;
     /* logits of every position need every position computed; the last
      * position's logits need at least that one */
@@ -549,6 +557,7 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
         trim_from(s, pos_before);
         s->holes = true; /* pages before pos_before may have been swapped or dropped */
     }
+    s->kv->busy--;
     return st;
 }
 
@@ -579,10 +588,21 @@ static void shift_table(const kv_rope_params *rp, int delta, float *cs) {
     }
 }
 
+static kv_status shift(kv_session *s, int keep, int drop, kv_error *e);
+
 kv_status kv_session_shift(kv_session *s, int keep, int drop, kv_error *e) {
     if (!s) return kv_fail(e, KV_ERR_ARG, "shift: session is NULL");
     if (keep < 0 || drop <= 0 || (int64_t)keep + drop > s->pos)
         return kv_fail(e, KV_ERR_ARG, "shift: keep %d and drop %d do not fit in %d tokens", keep, drop, s->pos);
+    kv_status st = kv_pool_busy(pool_of(s), s->kv, "shift", e);
+    if (st) return st;
+    s->kv->busy++; /* until it returns (see kv_pool_busy) */
+    st = shift(s, keep, drop, e);
+    s->kv->busy--;
+    return st;
+}
+
+static kv_status shift(kv_session *s, int keep, int drop, kv_error *e) {
     kv_status st = repair(s, e);
     if (st) return st;
     kv_cache *c = pool_of(s);
@@ -732,17 +752,22 @@ kv_status kv_decode_batch(kv_session *const *ss, const int32_t *ids, size_t n, f
         if (ss[i]->pos >= ss[i]->n_ctx)
             return kv_fail(e, KV_ERR_CONTEXT_FULL, "context full: session %zu holds %d tokens, n_ctx %d", i + 1,
                            ss[i]->pos, ss[i]->n_ctx);
+        kv_status busy = kv_pool_busy(pool_of(ss[i]), ss[i]->kv, "decode_batch", e);
+        if (busy) return busy;
     }
-    for (size_t off = 0; off < n; off += KV_CHUNK) {
+    /* every session busy until it returns: a policy one of them calls
+     * cannot change any (see kv_pool_busy) */
+    for (size_t i = 0; i < n; i++) ss[i]->kv->busy++;
+    kv_status st = KV_OK;
+    size_t off = 0;
+    for (; off < n && st == KV_OK; off += KV_CHUNK) {
         int B = n - off > KV_CHUNK ? KV_CHUNK : (int)(n - off);
-        kv_status st = decode_group(ss + off, ids + off, B, logits + off * (size_t)m->info.n_vocab, e);
-        if (st) {
-            /* groups before this one have moved: take their tokens back */
-            for (size_t i = 0; i < off; i++) kv_session_rewind(ss[i], 1);
-            return st;
-        }
+        st = decode_group(ss + off, ids + off, B, logits + off * (size_t)m->info.n_vocab, e);
     }
-    return KV_OK;
+    for (size_t i = 0; i < n; i++) ss[i]->kv->busy--;
+    if (st) /* groups before the failed one have moved: take their tokens back */
+        for (size_t i = 0; i + KV_CHUNK < off; i++) kv_session_rewind(ss[i], 1);
+    return st;
 }
 
 /* ==== queries ========================================================================== */
@@ -755,6 +780,7 @@ uint64_t kv_session_reused_tokens(const kv_session *s) { return s->reused; }
 
 void kv_session_rewind(kv_session *s, int n) {
     if (!s || n <= 0) return;
+    if (s->kv->busy || pool_of(s)->in_policy) return; /* nothing changes under a policy (kv_pool_busy) */
     s->pos = n >= s->pos ? 0 : s->pos - n;
     trim_from(s, s->pos);
     s->holes = true;

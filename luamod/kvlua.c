@@ -259,6 +259,7 @@ typedef struct {
     l_obj o;
     kv_model *m;  /* NULL until opened, and once freed */
     int sessions; /* open sessions using m */
+    int policies; /* eviction policies running (called from evaluations of its sessions) */
 } l_model;
 
 static void l_model_release(l_obj *o) {
@@ -290,6 +291,19 @@ kv_model *l_model_hold(lua_State *L, int idx, void **owner) {
     lm->sessions++;
     *owner = lm;
     return lm->m;
+}
+
+/* While an eviction policy runs, nothing may change the evaluation that
+ * called it: no session or cache of the model changes (raises). Reading
+ * (tokens, stats, lookup) and closing (deferred for busy objects; pages a
+ * finalizer releases only add room) stay possible. */
+void l_model_policy(void *owner, int delta) {
+    if (owner) ((l_model *)owner)->policies += delta;
+}
+
+void l_model_not_in_policy(lua_State *L, void *owner, const char *what) {
+    if (owner && ((l_model *)owner)->policies > 0)
+        luaL_error(L, "%s: not allowed while an eviction policy of this model is running", what);
 }
 
 void l_model_unhold(void *owner) {
@@ -788,6 +802,7 @@ static int l_session_new(lua_State *L) {
                 luaL_error(L, "options 'ktype'/'vtype' differ from the cache's types (layer %d)", il);
         }
     if (!in->has_weights) return l_fail(L, "model has no weights (vocabulary-only file)");
+    l_model_not_in_policy(L, lm, "session");
 
     l_session *ls = l_session_push(L, 1, ci);
     kv_error e = {{0}};
@@ -839,6 +854,7 @@ static void l_session_count(l_session *ls, size_t n, double dt, int is_decode) {
  * The forward pass writes straight into the Logits, which is created only
  * once the context is known to have room. */
 static int l_session_eval(lua_State *L, l_session *ls, const int32_t *ids, size_t n, int mode, int is_decode) {
+    l_model_not_in_policy(L, ls->lm, is_decode ? "decode" : "prefill");
     kv_error e = {{0}};
     if (kv_model_check_file(ls->lm->m, &e) != KV_OK) return l_fail(L, e.msg);
     int r = l_session_room(L, ls, n);
@@ -915,6 +931,7 @@ static int l_session_rewind(lua_State *L) {
     l_session *ls = l_session_enter(L);
     lua_Integer n = luaL_checkinteger(L, 2);
     if (n < 0) luaL_argerror(L, 2, "must be >= 0");
+    l_model_not_in_policy(L, ls->lm, "rewind");
     if (n > kv_session_pos(ls->s)) n = kv_session_pos(ls->s);
     kv_session_rewind(ls->s, (int)n);
     if (n > 0) l_session_no_logits(L, "no logits: the session was rewound since its last eval");
@@ -947,6 +964,7 @@ static int l_session_stats(lua_State *L) {
 /* s:fork() --> a session with the same tokens sharing every page (copy on write) */
 static int l_session_fork(lua_State *L) {
     l_session *ls = l_session_enter(L);
+    l_model_not_in_policy(L, ls->lm, "fork");
     if (ls->lc) l_cache_before_eval(L, ls->lc), ls->lc->L = NULL; /* not inside its eviction policy */
     int ci = 0;
     if (ls->lc) {
@@ -968,6 +986,7 @@ static int l_session_fork(lua_State *L) {
  * [keep, keep + drop) and moves the rest down (keys re-rotated) */
 static int l_session_shift(lua_State *L) {
     l_session *ls = l_session_enter(L);
+    l_model_not_in_policy(L, ls->lm, "shift");
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_Integer keep = l_opt_int(L, 2, "keep", 0), drop = l_opt_int(L, 2, "drop", 0);
     lua_Integer pos = kv_session_pos(ls->s);
@@ -1002,6 +1021,7 @@ static int l_session_save(lua_State *L) {
     const char *path = l_check_cstr(L, 2);
     if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
     const uint8_t *key = l_opt_key(L, 3);
+    l_model_not_in_policy(L, ls->lm, "save");
     kv_error e = {{0}};
     if (kv_session_save(ls->s, path, key, &e) != KV_OK) return l_fail(L, e.msg);
     lua_pushboolean(L, 1);
@@ -1153,6 +1173,7 @@ static int l_restore(lua_State *L) {
     } else {
         lua_pop(L, 1);
     }
+    l_model_not_in_policy(L, lm, "restore");
     if (kv_file_kind(path) == KV_FILE_CACHE) {
         if (!lc) return l_fail(L, "restore: a cache file: restore it into a cache (kvlua.restore(model, path, { cache = c }))");
         kv_error e = {{0}};
@@ -1236,6 +1257,7 @@ static int l_decode_batch(lua_State *L) {
         out = lua_newuserdatauv(L, out_bytes, 0);
     }
     const int buf_i = lua_gettop(L);
+    l_model_not_in_policy(L, lss[0]->lm, "decode_batch");
     kv_error e = {{0}};
     if (kv_model_check_file(lss[0]->lm->m, &e) != KV_OK) return l_fail(L, e.msg);
     for (lua_Integer i = 0; i < n; i++) l_cache_before_eval(L, lss[i]->lc);

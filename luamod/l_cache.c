@@ -188,8 +188,12 @@ static void l_cache_release(l_obj *o) {
     kv_cache_close(c);
 }
 
-static void l_not_in_policy(lua_State *L, const l_cache *lc) {
-    if (lc && lc->in_policy) luaL_error(L, "cache busy: its eviction policy is running");
+/* Before a method that changes the cache: not while its policy (or any
+ * policy of the model: the evaluation that called it may draw from this
+ * cache too) is running. */
+static void l_not_in_policy(lua_State *L, const l_cache *lc, const char *what) {
+    if (lc && lc->in_policy) luaL_error(L, "%s: cache busy: its eviction policy is running", what);
+    if (lc) l_model_not_in_policy(L, lc->owner, what);
 }
 
 /* ==== the policy bridge ======================================================= */
@@ -259,7 +263,9 @@ static kv_status l_policy_cb(void *ud, const kv_evict_candidate *cands, int n, i
     lua_pushcfunction(L, l_policy_protected);
     lua_pushlightuserdata(L, &pc);
     lc->in_policy = 1;
-    int rc = lua_pcall(L, 1, 0, 0);
+    l_model_policy(lc->owner, 1);
+    int rc = lua_pcall(L, 1, 0, 0); /* a yield inside is an error: the C caller cannot be resumed */
+    l_model_policy(lc->owner, -1);
     lc->in_policy = 0;
     if (rc != LUA_OK) {
         const char *msg = lua_tostring(L, -1);
@@ -275,7 +281,7 @@ static kv_status l_policy_cb(void *ud, const kv_evict_candidate *cands, int n, i
 
 void l_cache_before_eval(lua_State *L, l_cache *lc) {
     if (!lc) return;
-    l_not_in_policy(L, lc);
+    l_not_in_policy(L, lc, "evaluation");
     lc->L = L;
     lc->policy_failed = 0;
 }
@@ -399,7 +405,7 @@ static int l_cache_lookup(lua_State *L) {
 
 static int l_cache_pin_common(lua_State *L, bool pin) {
     l_cache *lc = l_cache_enter(L);
-    l_not_in_policy(L, lc);
+    l_not_in_policy(L, lc, pin ? "pin" : "unpin");
     size_t n;
     const int32_t *ids = l_ids(L, 2, &n);
     kv_error e = {{0}};
@@ -419,7 +425,7 @@ static int l_cache_unpin(lua_State *L) { return l_cache_pin_common(L, false); }
 
 static int l_cache_clear(lua_State *L) {
     l_cache *lc = l_cache_enter(L);
-    l_not_in_policy(L, lc);
+    l_not_in_policy(L, lc, "clear");
     lua_pushinteger(L, (lua_Integer)kv_cache_clear(lc->c));
     return 1;
 }
@@ -429,7 +435,7 @@ static int l_cache_clear(lua_State *L) {
  * without prefixes); kvlua.restore(model, path, { cache = c2 }) reads it. */
 static int l_cache_save(lua_State *L) {
     l_cache *lc = l_cache_enter(L);
-    l_not_in_policy(L, lc);
+    l_not_in_policy(L, lc, "save");
     size_t plen;
     const char *path = luaL_checklstring(L, 2, &plen);
     if (strlen(path) != plen) luaL_argerror(L, 2, "contains a NUL byte");

@@ -49,5 +49,10 @@ int l_kv_types(lua_State *L, int opts, const char *field, int n_layer, int *out)
 kv_model *l_model_peek(lua_State *L, int idx);
 kv_model *l_model_hold(lua_State *L, int idx, void **owner);
 void l_model_unhold(void *owner);
+/* Counts the eviction policies running for evaluations of the model
+ * (owner from l_model_hold); while one runs, l_model_not_in_policy raises
+ * "what: not allowed while an eviction policy of this model is running". */
+void l_model_policy(void *owner, int delta);
+void l_model_not_in_policy(lua_State *L, void *owner, const char *what);
 
 #endif
