@@ -695,6 +695,7 @@ typedef struct {
     kv_session *s;    /* NULL until opened, and once freed */
     l_model *lm;      /* owner (kept alive by user value 1) */
     l_cache *lc;      /* the shared cache it draws from (user value 5), NULL: private pool */
+    uint64_t gen;     /* bumped by every change of its sequence (eval, rewind, shift, decode_batch) */
     /* stats */
     double ttft;      /* seconds of the first prefill, -1 before */
     double *itl;      /* decode latencies, seconds */
@@ -868,6 +869,7 @@ static int l_session_eval(lua_State *L, l_session *ls, const int32_t *ids, size_
     double dt = l_now() - t0;
     l_cache_after_eval(L, ls->lc); /* raises what the eviction policy raised */
     if (st != KV_OK) return l_fail(L, e.msg);
+    ls->gen++;
     l_session_count(ls, n, dt, is_decode);
     if (mode == KV_LOGITS_NONE) {
         l_session_no_logits(L, "no logits: the last eval computed none (prefill with logits = \"none\")");
@@ -934,7 +936,10 @@ static int l_session_rewind(lua_State *L) {
     l_model_not_in_policy(L, ls->lm, "rewind");
     if (n > kv_session_pos(ls->s)) n = kv_session_pos(ls->s);
     kv_session_rewind(ls->s, (int)n);
-    if (n > 0) l_session_no_logits(L, "no logits: the session was rewound since its last eval");
+    if (n > 0) {
+        ls->gen++;
+        l_session_no_logits(L, "no logits: the session was rewound since its last eval");
+    }
     return 0;
 }
 
@@ -998,6 +1003,7 @@ static int l_session_shift(lua_State *L) {
     kv_status st = kv_session_shift(ls->s, (int)keep, (int)drop, &e);
     l_cache_after_eval(L, ls->lc);
     if (st != KV_OK) return l_fail(L, e.msg);
+    ls->gen++;
     l_session_no_logits(L, "no logits: the session was shifted since its last eval");
     lua_pushboolean(L, 1);
     return 1;
@@ -1054,7 +1060,17 @@ static int l_session_vocab_is_eog(lua_State *L) {
     return l_vocab_is_eog(L, l_vocab_of(L, ls->lm->m), 2);
 }
 
+/* generation(s) -> a count bumped by every change of the session's sequence
+ * (prefill, decode, decode_batch, rewind, shift): generate's iterator knows
+ * that the session moved under it even when pos ends up the same. */
+static int l_session_generation(lua_State *L) {
+    l_session *ls = l_session_check(L, 1);
+    lua_pushinteger(L, (lua_Integer)ls->gen);
+    return 1;
+}
+
 static const luaL_Reg l_session_vocab[] = {
+    {"generation", l_session_generation},
     {"tokenize", l_session_vocab_tokenize},
     {"piece", l_session_vocab_piece},
     {"is_eog", l_session_vocab_is_eog},
@@ -1272,6 +1288,7 @@ static int l_decode_batch(lua_State *L) {
         lua_pushvalue(L, -1); /* the session remembers its last logits */
         lua_setiuservalue(L, base + 2 * (int)i - 1, 2);
         lua_rawseti(L, out_t, i);
+        lss[i - 1]->gen++;
         l_session_count(lss[i - 1], 1, dt, 1);
     }
     lua_pushvalue(L, buf_i); /* back to the model for the next call */

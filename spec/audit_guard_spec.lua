@@ -11,6 +11,8 @@
 --      takes, pins and evicts nothing meanwhile, and the pages a policy
 --      names are checked again once it returns. Fuzzed on the CPU and, when
 --      kvlua.devices() lists one, on an OpenCL device.
+--   2  a s:generate iterator kept sampling from stale logits when the
+--      session moved and came back to the same pos (s:rewind(1); s:decode(x))
 --
 -- Everything runs on tiny random-weight models written to temporary files.
 -- The cases of finding 1 could crash the process before the fix, so they
@@ -420,4 +422,59 @@ describe("1: nothing an eviction policy does can change the evaluation that call
         assert_done(fuzz(path, "opencl", 1000 + 50 * i + 1, 1000 + 50 * i + 50))
       end)
   end
+end)
+
+-- ==== 2: generate iterators and sessions that come back to the same pos ==========
+
+describe("2: a generate iterator raises when its session moved, even back to the same pos", function()
+  local m
+  setup(function() m = assert(kvlua.load(tiny.llama { seed = 22 }, { threads = 1 })) end)
+  teardown(function() m:close(); tiny.cleanup() end)
+
+  local moved = "generate: the session moved under this iterator"
+
+  it("s:rewind(1); s:decode(x) between two steps", function()
+    local s = assert(m:session { ctx = 64 })
+    local step = s:generate { prompt = { 1, 5 }, max_tokens = 8, ignore_eog = true }
+    step()
+    local at = s.pos
+    s:rewind(1)
+    assert(s:decode(7))
+    assert.equals(at, s.pos)
+    assert.has_error(function() step() end, ("%s (at %d, left at %d)"):format(moved, at, at))
+  end)
+
+  it("a shift and then a prefill of as many tokens as it dropped", function()
+    local s = assert(m:session { ctx = 64 })
+    local step = s:generate { prompt = some_ids(10, 64, 3), max_tokens = 8, ignore_eog = true }
+    step()
+    local at = s.pos
+    assert(s:shift { keep = 2, drop = 3 })
+    assert(s:prefill { 4, 5, 6 })
+    assert.equals(at, s.pos)
+    assert.has_error(function() step() end, ("%s (at %d, left at %d)"):format(moved, at, at))
+  end)
+
+  it("a rewind and a decode_batch step", function()
+    local s, other = assert(m:session { ctx = 64 }), assert(m:session { ctx = 64 })
+    assert(other:prefill { 1, 2 })
+    local step = s:generate { prompt = { 1, 5 }, max_tokens = 8, ignore_eog = true }
+    step()
+    local at = s.pos
+    s:rewind(1)
+    assert(kvlua.decode_batch({ s, other }, { 7, 8 }))
+    assert.equals(at, s.pos)
+    assert.has_error(function() step() end, ("%s (at %d, left at %d)"):format(moved, at, at))
+  end)
+
+  it("its own steps, and what on_full does, are not moves: the iterator runs to the end", function()
+    local s = assert(m:session { ctx = 16 })
+    local n = 0
+    for _ in s:generate { prompt = some_ids(8, 64, 4), max_tokens = 20, ignore_eog = true,
+                          on_full = function(x) assert(x:shift { keep = 1, drop = 4 }) end } do
+      n = n + 1
+    end
+    assert.equals("length", s.finish_reason)
+    assert.equals(20, #s.generated)
+  end)
 end)

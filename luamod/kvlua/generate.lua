@@ -3,7 +3,8 @@
 -- Policy lives here (sampling, stop strings, streaming text); the C core
 -- runs each forward pass. The module returns a function that the binding
 -- calls once with the vocabulary helpers of a session (tokenize, piece,
--- is_eog: they work after model:close(), which a session survives); it
+-- is_eog: they work after model:close(), which a session survives; and
+-- generation, a count every change of the session's sequence bumps); it
 -- returns the Session method `generate`.
 --
 --   for piece in s:generate{ prompt = "Hello", max_tokens = 64,
@@ -35,8 +36,9 @@
 --
 -- One live iterator per session: a new s:generate on the same session
 -- invalidates the previous iterator, which raises when called again; so
--- does any other change of the session's position between two steps
--- (s:decode, s:prefill, s:rewind).
+-- does any other change of the session's sequence between two steps
+-- (s:decode, s:prefill, s:rewind, s:shift, kvlua.decode_batch), even one
+-- that leaves s.pos where it was.
 
 local kvlua = require "kvlua"
 
@@ -111,6 +113,7 @@ local function generate(vocab, s, opts)
   local me = {}
   live[s] = me
   local pos = s.pos    -- where this iterator left the session
+  local gen = vocab.generation(s) -- and its sequence (pos alone misses a rewind and a decode)
   local pending = ""   -- generated text not yet emitted
   local produced = 0
   local done = false
@@ -128,7 +131,7 @@ local function generate(vocab, s, opts)
       if live[s] ~= me then
         error("generate: this iterator was replaced by a newer s:generate on the same session", 2)
       end
-      if s.pos ~= pos then
+      if vocab.generation(s) ~= gen then
         error(("generate: the session moved under this iterator (at %d, left at %d)"):format(s.pos, pos), 2)
       end
     end
@@ -171,6 +174,7 @@ local function generate(vocab, s, opts)
           finish("error: " .. err)
         end
         pos = s.pos
+        gen = vocab.generation(s)
       end
       local emit = kvlua.utf8_complete(pending)
       emit = math.min(emit, #pending - held_back(pending, stops))
