@@ -121,7 +121,7 @@ static int l_fail(lua_State *L, const char *msg) {
 }
 
 /* Length of the array of token ids at idx (raises on a bad one). */
-static size_t l_ids_len(lua_State *L, int idx) {
+size_t l_ids_len(lua_State *L, int idx) {
     luaL_checktype(L, idx, LUA_TTABLE);
     lua_Integer n = luaL_len(L, idx);
     if (n < 0 || n > (1 << 30)) luaL_argerror(L, idx, lua_pushfstring(L, "bad length %I", (LUAI_UACINT)n));
@@ -131,7 +131,7 @@ static size_t l_ids_len(lua_State *L, int idx) {
 /* Reads the n token ids of the array at idx into a buffer owned by Lua (a
  * userdata pushed on the stack, so nothing leaks if anything raises).
  * Raises on a non-integer or out-of-range id (n_vocab < 0: no range check). */
-static int32_t *l_check_ids(lua_State *L, int idx, size_t n, int32_t n_vocab) {
+int32_t *l_check_ids(lua_State *L, int idx, size_t n, int32_t n_vocab) {
     int32_t *ids = lua_newuserdatauv(L, sizeof(int32_t) * (n ? n : 1), 0);
     for (lua_Integer i = 1; i <= (lua_Integer)n; i++) {
         lua_geti(L, idx, i);

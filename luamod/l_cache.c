@@ -144,22 +144,11 @@ static lua_Integer l_int_field(lua_State *L, int opts, const char *field, lua_In
     return v;
 }
 
-/* Token ids of a Lua array, in a userdata left on the stack. */
-static int32_t *l_ids(lua_State *L, int idx, size_t *n) {
-    luaL_checktype(L, idx, LUA_TTABLE);
-    lua_Integer len = luaL_len(L, idx);
-    if (len < 0 || len > (1 << 30)) luaL_argerror(L, idx, "bad length");
-    int32_t *ids = lua_newuserdatauv(L, sizeof(int32_t) * (size_t)(len ? len : 1), 0);
-    for (lua_Integer i = 1; i <= len; i++) {
-        int ok = 0;
-        lua_geti(L, idx, i);
-        lua_Integer v = lua_tointegerx(L, -1, &ok);
-        lua_pop(L, 1);
-        if (!ok || v < 0 || v > INT32_MAX) luaL_error(L, "token id at index %I is not a valid id", i);
-        ids[i - 1] = (int32_t)v;
-    }
-    *n = (size_t)len;
-    return ids;
+/* Token ids of a Lua array, checked against the vocabulary of the cache's
+ * model as the session methods check them, in a userdata left on the stack. */
+static int32_t *l_ids(lua_State *L, const l_cache *lc, int idx, size_t *n) {
+    *n = l_ids_len(L, idx);
+    return l_check_ids(L, idx, *n, kv_model_info_get(kv_cache_model(lc->c))->n_vocab);
 }
 
 #define L_CACHE_GUARD 2
@@ -384,7 +373,7 @@ static int l_cache_stats(lua_State *L) {
 static int l_cache_lookup(lua_State *L) {
     l_cache *lc = l_cache_enter(L);
     size_t n;
-    const int32_t *ids = l_ids(L, 2, &n);
+    const int32_t *ids = l_ids(L, lc, 2, &n);
     int64_t cached = 0;
     const char *why = NULL;
     kv_error e = {{0}};
@@ -407,7 +396,7 @@ static int l_cache_pin_common(lua_State *L, bool pin) {
     l_cache *lc = l_cache_enter(L);
     l_not_in_policy(L, lc, pin ? "pin" : "unpin");
     size_t n;
-    const int32_t *ids = l_ids(L, 2, &n);
+    const int32_t *ids = l_ids(L, lc, 2, &n);
     kv_error e = {{0}};
     kv_status st = kv_cache_pin(lc->c, ids, n, pin, &e);
     if (st == KV_ERR_ARG) return luaL_error(L, "%s", e.msg);

@@ -43,6 +43,12 @@ void l_cache_after_eval(lua_State *L, l_cache *lc);
  * on anything else. */
 int l_kv_types(lua_State *L, int opts, const char *field, int n_layer, int *out);
 
+/* Token id arrays, checked as every method checks them (kvlua.c): the
+ * length of the array at idx, and its n ids in a userdata left on the
+ * stack (raises on a non-integer or an id outside [0, n_vocab)). */
+size_t l_ids_len(lua_State *L, int idx);
+int32_t *l_check_ids(lua_State *L, int idx, size_t n, int32_t n_vocab);
+
 /* Provided by kvlua.c: the engine model of the Model at idx (raises if
  * closed): l_model_peek only looks; l_model_hold counts it as used until
  * l_model_unhold. */

@@ -13,6 +13,7 @@
 --      kvlua.devices() lists one, on an OpenCL device.
 --   2  a s:generate iterator kept sampling from stale logits when the
 --      session moved and came back to the same pos (s:rewind(1); s:decode(x))
+--   4  cache:pin / unpin / lookup took token ids outside the vocabulary
 --
 -- Everything runs on tiny random-weight models written to temporary files.
 -- The cases of finding 1 could crash the process before the fix, so they
@@ -476,5 +477,37 @@ describe("2: a generate iterator raises when its session moved, even back to the
     end
     assert.equals("length", s.finish_reason)
     assert.equals(20, #s.generated)
+  end)
+end)
+
+-- ==== 4: token ids of pin / unpin / lookup ========================================
+
+describe("4: cache:pin, unpin and lookup check token ids as every other call does", function()
+  local m, c
+  setup(function()
+    m = assert(kvlua.load(tiny.llama { seed = 24 }, { threads = 1 }))
+    c = assert(kvlua.cache(m, { pages = 16, page_tokens = 4 }))
+  end)
+  teardown(function() c:close(); m:close(); tiny.cleanup() end)
+
+  for _, method in ipairs { "pin", "unpin", "lookup" } do
+    it(method .. " raises for an id outside [0, n_vocab), naming the index, as s:prefill does", function()
+      local n = m.info.n_vocab
+      local ids = { 1, 2, 3, n }
+      local s = assert(m:session { ctx = 16, cache = c })
+      local _, want = pcall(s.prefill, s, ids)
+      assert.matches(("token id %d at index 4 out of range %%[0, %d%%)"):format(n, n), want)
+      assert.has_error(function() c[method](c, ids) end, (want:gsub("^.-: ", "", 1)))
+      assert.has_error(function() c[method](c, { 1, -1 }) end)
+      assert.has_error(function() c[method](c, { 1, 2.5 }) end)
+      s:close()
+    end)
+  end
+
+  it("ids in range still pin and look up", function()
+    local ids = some_ids(8, m.info.n_vocab, 5)
+    assert.is_true(c:pin(ids))
+    assert.same({ cached = 0, tokens = 8, reason = "never seen" }, c:lookup(ids))
+    assert.is_true(c:unpin(ids))
   end)
 end)
