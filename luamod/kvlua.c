@@ -323,7 +323,7 @@ static int l_load(lua_State *L) {
     if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
     const char *backend = l_opt_str(L, 2, "backend", "auto");
     lua_Integer threads = l_opt_int(L, 2, "threads", 0);
-    lua_Integer device = l_opt_int(L, 2, "device", 0);
+    lua_Integer device = l_opt_int(L, 2, "device", 1); /* as kvlua.devices() numbers them: from 1 */
     int be = strcmp(backend, "cpu") == 0      ? KV_BACKEND_CPU
              : strcmp(backend, "opencl") == 0 ? KV_BACKEND_OPENCL
              : strcmp(backend, "auto") == 0   ? KV_BACKEND_AUTO
@@ -332,7 +332,15 @@ static int l_load(lua_State *L) {
     if (threads < 0 || threads > KV_MAX_THREADS)
         luaL_error(L, "option 'threads' out of range: %I (1..%d, or 0 for the physical cores)",
                    (LUAI_UACINT)threads, KV_MAX_THREADS);
-    if (device < 0 || device > 1024) luaL_error(L, "option 'device' out of range: %I", (LUAI_UACINT)device);
+    if (be == KV_BACKEND_OPENCL) { /* which devices exist is the world's business: nil, message */
+        kvcl_device_info devs[16];
+        int n = kvcl_devices(devs, 16);
+        if (n > 16) n = 16;
+        if (n > 0 && (device < 1 || device > n))
+            return l_fail(L, lua_pushfstring(L, "no OpenCL device %I (kvlua.devices() lists %d: give 1 to %d)",
+                                             (LUAI_UACINT)device, n, n));
+    }
+    if (device < 1) device = 1; /* "auto" and "cpu" choose without it */
 
     l_model *lm = lua_newuserdatauv(L, sizeof *lm, 4); /* born closed */
     memset(lm, 0, sizeof *lm);
@@ -341,7 +349,7 @@ static int l_load(lua_State *L) {
     luaL_setmetatable(L, L_MODEL);
     l_guard_new(L, &lm->o, -1, L_MODEL_GUARD);
 
-    kv_model_params p = {.threads = (int)threads, .backend = be, .device = (int)device};
+    kv_model_params p = {.threads = (int)threads, .backend = be, .device = (int)(device > 1024 ? 1024 : device - 1)};
     kv_error e = {{0}};
     kv_model *m = NULL;
     if (kv_model_open(path, &p, &m, &e) != KV_OK) return l_fail(L, e.msg);
@@ -373,7 +381,7 @@ static void l_push_info(lua_State *L, l_model *lm) {
     lua_pushboolean(L, in->has_weights), lua_setfield(L, -2, "has_weights");
     lua_pushstring(L, in->backend), lua_setfield(L, -2, "backend");
     lua_pushstring(L, in->device), lua_setfield(L, -2, "device");
-    if (in->device_index >= 0) SETI("device_index", in->device_index);
+    if (in->device_index >= 0) SETI("device_index", in->device_index + 1); /* kvlua.devices()[device_index] */
 #undef SETI
 }
 

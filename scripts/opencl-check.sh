@@ -5,7 +5,7 @@
 #
 #   scripts/opencl-check.sh [-d DEVICE] [-w GBPS] [-b BUILD] [-k KIT] [MODEL.gguf ...]
 #
-# -d  OpenCL device index as kvlua.devices() lists them (default 0)
+# -d  OpenCL device number as kvlua.devices() lists them, from 1 (default 1)
 # -w  the device's memory bandwidth in GB/s for the roofline (default: 4300, an
 #     H200's HBM3e; give yours)
 # -b  a build folder holding kvlua.so, test_opencl and bench-opencl (default
@@ -27,7 +27,7 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
-device=0
+device=1
 bw=4300
 build=build
 kit=""
@@ -78,7 +78,7 @@ echo "== devices"
 "$lua" -e '
 local kvlua = require "kvlua"
 for _, d in ipairs(kvlua.devices()) do
-  print(string.format("%d: %s (%s, %s), %.1f GiB, max allocation %.1f GiB, fp16 %s", d.index - 1, d.name, d.platform,
+  print(string.format("%d: %s (%s, %s), %.1f GiB, max allocation %.1f GiB, fp16 %s", d.index, d.name, d.platform,
                       d.type, d.memory / 2^30, d.max_alloc / 2^30, tostring(d.fp16)))
 end'
 
@@ -88,7 +88,7 @@ status=0
 grep -E "^(FAIL|device)|passed|products" /tmp/kvlua-test-opencl.log
 
 echo "== bench-opencl (GEMV GB/s, prefill GFLOP/s; the CPU engine beside)"
-"$build/bench-opencl" "$device" 0.5 F16,Q4_0,Q4_1,Q8_0,Q4_K,Q6_K
+"$build/bench-opencl" "$((device - 1))" 0.5 F16,Q4_0,Q4_1,Q8_0,Q4_K,Q6_K
 
 for model in "$@"; do
   echo "== $model"

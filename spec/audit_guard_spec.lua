@@ -13,6 +13,7 @@
 --      kvlua.devices() lists one, on an OpenCL device.
 --   2  a s:generate iterator kept sampling from stale logits when the
 --      session moved and came back to the same pos (s:rewind(1); s:decode(x))
+--   3  kvlua.devices() numbered devices from 1, kvlua.load{device=} from 0
 --   4  cache:pin / unpin / lookup took token ids outside the vocabulary
 --
 -- Everything runs on tiny random-weight models written to temporary files.
@@ -477,6 +478,44 @@ describe("2: a generate iterator raises when its session moved, even back to the
     end
     assert.equals("length", s.finish_reason)
     assert.equals(20, #s.generated)
+  end)
+end)
+
+-- ==== 3: one base for device numbers ==============================================
+
+describe("3: devices are numbered from 1 everywhere", function()
+  local path
+  setup(function() path = tiny.llama { seed = 23, n_embd = 64, n_ff = 128 } end)
+  teardown(tiny.cleanup)
+
+  local devices = kvlua.devices()
+  local with_device = #devices > 0 and it or pending
+
+  with_device("device = i loads kvlua.devices()[i], whose index is i; info.device_index says i", function()
+    for i, d in ipairs(devices) do
+      assert.equals(i, d.index)
+      local m = assert(kvlua.load(path, { backend = "opencl", device = i, threads = 1 }))
+      assert.equals(d.name, m.info.device)
+      assert.equals(i, m.info.device_index)
+      assert.same(devices[m.info.device_index], d)
+      m:close()
+    end
+  end)
+
+  with_device("a device outside 1..#kvlua.devices() is nil, a message naming the range", function()
+    for _, i in ipairs { 0, -1, #devices + 1 } do
+      local m, err = kvlua.load(path, { backend = "opencl", device = i })
+      assert.is_nil(m)
+      assert.equals(("no OpenCL device %d (kvlua.devices() lists %d: give 1 to %d)"):format(i, #devices, #devices),
+        err)
+    end
+  end)
+
+  it("the CPU backend takes no device: any number is ignored", function()
+    local m = assert(kvlua.load(path, { backend = "cpu", device = 0, threads = 1 }))
+    assert.equals("cpu", m.info.backend)
+    assert.is_nil(m.info.device_index)
+    m:close()
   end)
 end)
 
