@@ -412,7 +412,7 @@ static void l_push_vocab(lua_State *L, l_model *lm) {
 
 static int l_model_meta(lua_State *L) {
     l_model *lm = l_model_enter(L);
-    const char *key = l_check_cstr(L, 2);
+    const char *key = l_check_cstr(L, 2); /* meta_keys lists no key with a NUL byte */
     const kv_gguf_value *v = kv_gguf_get(kv_model_gguf(lm->m), key);
     if (!v) {
         lua_pushnil(L);
@@ -422,14 +422,19 @@ static int l_model_meta(lua_State *L) {
     return 1;
 }
 
-/* model:meta_keys() -> array of every metadata key, in file order. */
+/* model:meta_keys() -> array of the metadata keys, in file order: every
+ * one model:meta takes, so a key with a NUL byte (which meta refuses, as
+ * every C-string argument) is left out. */
 static int l_model_meta_keys(lua_State *L) {
     l_model *lm = l_model_enter(L);
     const kv_gguf *g = kv_model_gguf(lm->m);
     lua_createtable(L, (int)g->n_kv, 0);
+    lua_Integer k = 0;
     for (uint64_t i = 0; i < g->n_kv; i++) {
-        lua_pushlstring(L, g->kv[i].key.ptr, (size_t)g->kv[i].key.len);
-        lua_rawseti(L, -2, (lua_Integer)i + 1);
+        const size_t len = (size_t)g->kv[i].key.len;
+        if (memchr(g->kv[i].key.ptr, 0, len)) continue;
+        lua_pushlstring(L, g->kv[i].key.ptr, len);
+        lua_rawseti(L, -2, ++k);
     }
     return 1;
 }

@@ -15,6 +15,7 @@
 --      session moved and came back to the same pos (s:rewind(1); s:decode(x))
 --   3  kvlua.devices() numbered devices from 1, kvlua.load{device=} from 0
 --   4  cache:pin / unpin / lookup took token ids outside the vocabulary
+--   5  model:meta_keys() listed a key with a NUL byte that model:meta refuses
 --
 -- Everything runs on tiny random-weight models written to temporary files.
 -- The cases of finding 1 could crash the process before the fix, so they
@@ -548,5 +549,29 @@ describe("4: cache:pin, unpin and lookup check token ids as every other call doe
     assert.is_true(c:pin(ids))
     assert.same({ cached = 0, tokens = 8, reason = "never seen" }, c:lookup(ids))
     assert.is_true(c:unpin(ids))
+  end)
+end)
+
+-- ==== 5: metadata keys with a NUL byte ============================================
+
+describe("5: every key model:meta_keys() lists reads back with model:meta()", function()
+  teardown(tiny.cleanup)
+
+  it("a key with a NUL byte is not listed (meta refuses such keys)", function()
+    local w = W.tiny_llama { n_layer = 1, n_embd = 32, n_head = 4, n_head_kv = 2, n_ff = 64, n_vocab = 64, seed = 6 }
+    w:kv("general.odd\0key", "string", "hidden")
+    w:kv("general.plain", "string", "seen")
+    local m = assert(kvlua.load(tiny.write(w:bytes()), { threads = 1 }))
+    local keys = m:meta_keys()
+    local listed = {}
+    for _, k in ipairs(keys) do
+      listed[k] = true
+      assert.is_false(k:find("\0", 1, true) ~= nil, "a listed key with a NUL byte")
+      assert.is_not_nil(m:meta(k), k)
+    end
+    assert.is_true(listed["general.plain"])
+    assert.equals("seen", m:meta("general.plain"))
+    assert.has_error(function() m:meta("general.odd\0key") end)
+    m:close()
   end)
 end)
