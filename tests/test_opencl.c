@@ -42,7 +42,7 @@
 int main(void) { return kvt_skip("built without OpenCL"); }
 #else
 
-#include "kvcl_internal.h" /* the failed-launch test drives a kernel directly */
+#include "kvcl_internal.h" /* the failed-launch test drives a kernel directly, the memory test sets a reported size */
 #include "kvcl_ops.h"
 
 /* ==== helpers ================================================================== */
@@ -213,25 +213,41 @@ static void test_failed_launch(void) {
 }
 
 /* More than the device holds: refused up front (drivers that allocate
- * lazily would fail at first use, or overcommit), the context still works. */
-static void test_out_of_memory(kvcl_ctx *c) {
+ * lazily would fail at first use, or overcommit), the context still works.
+ * The sizes hold for any memory the device reports: the large buffer is
+ * the first whole number of 4096-byte units past it (PoCL on one machine
+ * reported a size that is not whole units, and memory + 4096 was refused
+ * as "not whole units" before its size was looked at). */
+static void test_out_of_memory(kvcl_ctx *c, const char *label) {
     const uint64_t mem = kvcl_ctx_device(c)->memory;
     kvcl_buf *big = (kvcl_buf *)1, *half = NULL;
-    kv_status st = kvcl_buf_create(c, (size_t)(mem + 4096), 4096, &big, &g_err);
-    report(st == KV_ERR_NOMEM && !big && strstr(g_err.msg, "exceed"), "buffer larger than the device: KV_ERR_NOMEM",
-           "%d: %s", st, g_err.msg);
+    char name[160];
+    kv_status st = kvcl_buf_create(c, (size_t)((mem / 4096 + 1) * 4096), 4096, &big, &g_err);
+    snprintf(name, sizeof name, "buffer larger than the device%s: KV_ERR_NOMEM", label);
+    report(st == KV_ERR_NOMEM && !big && strstr(g_err.msg, "exceed"), name, "%d: %s", st, g_err.msg);
     st = kvcl_buf_create(c, (size_t)(mem / 2 + 4096), 1, &half, &g_err);
     kvcl_buf *other = NULL;
     kv_status st2 = st == KV_OK ? kvcl_buf_create(c, (size_t)(mem / 2 + 4096), 1, &other, &g_err) : st;
-    report(st == KV_OK && st2 == KV_ERR_NOMEM && !other, "two halves and a bit: the second refused", "%d %d: %s", st,
-           st2, g_err.msg);
+    snprintf(name, sizeof name, "two halves and a bit%s: the second refused", label);
+    report(st == KV_OK && st2 == KV_ERR_NOMEM && !other, name, "%d %d: %s", st, st2, g_err.msg);
     kvcl_buf_free(half);
     float one = 1.0f, back = 0.0f;
     kvcl_buf *b = dev_floats(c, &one, 1);
     st = kvcl_scale(c, kvcl_at(b, 0), 1, 3.0f, &g_err);
     if (st == KV_OK) get_floats(c, b, 0, &back, 1);
-    report(st == KV_OK && back == 3.0f, "the context works after refusals", "%d %g", st, back);
+    snprintf(name, sizeof name, "the context works after refusals%s", label);
+    report(st == KV_OK && back == 3.0f, name, "%d %g", st, back);
     kvcl_buf_free(b);
+}
+
+/* test_out_of_memory on a context whose device reports memory that is not
+ * whole 4096-byte units (and less than it has: the refusals are real) */
+static void test_out_of_memory_odd(void) {
+    kvcl_options o = {.cache_dir = g_cache};
+    kvcl_ctx *c = open_ctx(&o);
+    c->info.memory = c->info.memory / 4096 * 4096 - 1000;
+    test_out_of_memory(c, " (reported memory 4096 k - 1000)");
+    kvcl_close(c);
 }
 
 /* The prefill path measured once, then read back from the cache directory
@@ -1552,7 +1568,8 @@ int main(void) {
     kvcl_options small = {.cache_dir = g_cache, .max_alloc = 32 << 10};
     kvcl_ctx *split = open_ctx(&small);
 
-    test_out_of_memory(g_c);
+    test_out_of_memory(g_c, "");
+    test_out_of_memory_odd();
     test_embed_on(g_c, "");
     test_embed_on(split, "split");
 
