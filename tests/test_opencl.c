@@ -21,7 +21,7 @@
  *
  * Shapes are odd on purpose: sizes that are not multiples of work-group
  * sizes, head sizes 64/128/256, contexts that are not page multiples, T = 1
- * and T > 1, sliding windows, GQA ratios 1/3/4. Skips (exit 0, "skip:")
+ * and T > 1, sliding windows, GQA ratios 1/3/4. Skips (exit 77, "skip:")
  * when the machine has no OpenCL device.
  */
 #include <float.h>
