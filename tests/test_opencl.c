@@ -865,11 +865,17 @@ static void test_rope(kvcl_ctx *c) {
 
 /* rope_qk: the bits of rope on q, rope on k and scale on q (the device's
  * own kernels), and the finiteness flag: set by a NaN or an infinity
- * anywhere in q or k (unrotated dimensions too), not otherwise. */
+ * anywhere in q or k (unrotated dimensions too), not otherwise. Frequency
+ * factors and a frequency scale in some cases (the angle's division). */
 static void test_rope_qk(kvcl_ctx *c) {
+    float factors[64];
+    for (int i = 0; i < 64; i++) factors[i] = 1.0f + (float)(i * 13 % 40) / 7.0f; /* not from rnd(): the later shapes stay */
+    kvcl_buf *fb = dev_floats(c, factors, 64);
     for (int ci = 0; ci < 8; ci++) {
         const int hd = ci % 2 ? 128 : 64, n_head = 2 + irand(7), n_kv = 1 + irand(3), T = ci < 3 ? 1 : 1 + irand(20);
-        kv_rope_params rp = {ci % 2 ? KV_ROPE_NEOX : KV_ROPE_NORM, ci % 4 == 3 ? hd / 2 : hd, 10000.0f, 1.0f, NULL};
+        kv_rope_params rp = {ci % 2 ? KV_ROPE_NEOX : KV_ROPE_NORM, ci % 4 == 3 ? hd / 2 : hd, 10000.0f,
+                             ci % 3 == 2 ? 0.25f : 1.0f, ci % 4 == 2 ? factors : NULL};
+        kvcl_buf *ff = rp.freq_factors ? fb : NULL;
         const float q_scale = ci % 3 == 1 ? 0.0625f : 1.0f;
         const int64_t nq = (int64_t)T * n_head * hd, nk = (int64_t)T * n_kv * hd;
         int32_t *pos = xmalloc(sizeof(int32_t) * T);
@@ -883,13 +889,13 @@ static void test_rope_qk(kvcl_ctx *c) {
         if (bad_at == 2) k[hd - 1] = NAN, rp.n_rot = hd / 2;
         kvcl_buf *pb = dev_buf(c, pos, sizeof(int32_t) * T);
         kvcl_buf *qa = dev_floats(c, q, nq), *ka = dev_floats(c, k, nk), *qb = dev_floats(c, q, nq), *kb = dev_floats(c, k, nk);
-        kv_status st = kvcl_rope(c, kvcl_at(qa, 0), T, n_head, hd, pb, &rp, NULL, &g_err);
-        if (st == KV_OK) st = kvcl_rope(c, kvcl_at(ka, 0), T, n_kv, hd, pb, &rp, NULL, &g_err);
+        kv_status st = kvcl_rope(c, kvcl_at(qa, 0), T, n_head, hd, pb, &rp, ff, &g_err);
+        if (st == KV_OK) st = kvcl_rope(c, kvcl_at(ka, 0), T, n_kv, hd, pb, &rp, ff, &g_err);
         if (st == KV_OK && q_scale != 1.0f) st = kvcl_scale(c, kvcl_at(qa, 0), nq, q_scale, &g_err);
         bool fin = false;
         if (st == KV_OK) st = kvcl_finite_reset(c, &g_err);
         if (st == KV_OK)
-            st = kvcl_rope_qk(c, kvcl_at(qb, 0), kvcl_at(kb, 0), T, n_head, n_kv, hd, pb, &rp, NULL, q_scale, &g_err);
+            st = kvcl_rope_qk(c, kvcl_at(qb, 0), kvcl_at(kb, 0), T, n_head, n_kv, hd, pb, &rp, ff, q_scale, &g_err);
         if (st == KV_OK) st = kvcl_finite_read(c, &fin, &g_err);
         float *a = xmalloc(sizeof(float) * nq), *b = xmalloc(sizeof(float) * nq);
         int differ = 0;
@@ -900,8 +906,9 @@ static void test_rope_qk(kvcl_ctx *c) {
             for (int64_t i = 0; i < nk; i++) differ += memcmp(&a[i], &b[i], 4) != 0 && !(isnan(a[i]) && isnan(b[i]));
         }
         char name[200];
-        snprintf(name, sizeof name, "rope_qk %s hd %d n_rot %d heads %d/%d T %d%s%s: the bits of rope, rope, scale; flag %s",
+        snprintf(name, sizeof name, "rope_qk %s hd %d n_rot %d heads %d/%d T %d%s%s%s%s: the bits of rope, rope, scale; flag %s",
                  rp.mode == KV_ROPE_NEOX ? "neox" : "norm", hd, rp.n_rot, n_head, n_kv, T,
+                 rp.freq_factors ? ", factors" : "", rp.freq_scale != 1.0f ? ", freq scaled" : "",
                  q_scale != 1.0f ? ", q scaled" : "", bad_at >= 0 ? ", a non-finite value" : "",
                  bad_at >= 0 ? "down" : "up");
         report(st == KV_OK && differ == 0 && fin == (bad_at < 0), name, "%s; %d values differ, finite %d",
@@ -909,6 +916,7 @@ static void test_rope_qk(kvcl_ctx *c) {
         kvcl_buf_free(pb), kvcl_buf_free(qa), kvcl_buf_free(ka), kvcl_buf_free(qb), kvcl_buf_free(kb);
         free(pos), free(q), free(k), free(a), free(b);
     }
+    kvcl_buf_free(fb);
 }
 
 /* add and scale: one float operation, bit-identical. Soft cap (tanh: 5

@@ -105,16 +105,25 @@ KV_INL void rmsnorm_row1(global float *yrow, global float *xrow, const global fl
 
 /* ---- RoPE: one item per (rotated pair i, token t), all heads ---- */
 
-/* x(T, n_head, head_dim) rotated in place. theta_i = pos * theta_scale^i
- * by i float multiplications (as ggml), then freq_scale * (theta / ff[i]);
- * NORM rotates (x[2i], x[2i+1]), NEOX (x[i], x[i + n_rot/2]). */
+/* pair i's angle at position pos: theta = pos * theta_scale^i by i float
+ * multiplications in order (as ggml), then freq_scale * (theta / ff[i]).
+ * The running product is volatile: a compiler may otherwise reassociate the
+ * chain (Intel's CPU runtime multiplied powers by squaring in rope_qk and
+ * not in rope: 10.000001 against 9.99999714 at pos 1000, pair 16 of 32),
+ * and rope_qk must give rope's bits, rope the CPU's angles. */
+KV_INL float rope_theta(int pos, int i, float theta_scale, float freq_scale, global const float *ff) {
+    volatile float theta = (float)pos;
+    for (int k = 0; k < i; k++) theta *= theta_scale;
+    return freq_scale * (theta / (ff ? ff[i] : 1.0f));
+}
+
+/* x(T, n_head, head_dim) rotated in place by rope_theta's angles; NORM
+ * rotates (x[2i], x[2i+1]), NEOX (x[i], x[i + n_rot/2]). */
 kernel void rope(global float *x, ulong xoff, global const int *pos, int n_head, int head_dim,
                  int n_rot, int neox, float theta_scale, float freq_scale, global const float *ff) {
     const int i = get_global_id(0), t = get_global_id(1), half_rot = n_rot / 2;
     if (i >= half_rot) return;
-    float theta = (float)pos[t];
-    for (int k = 0; k < i; k++) theta *= theta_scale;
-    const float th = freq_scale * (theta / (ff ? ff[i] : 1.0f));
+    const float th = rope_theta(pos[t], i, theta_scale, freq_scale, ff);
     const float c = cos(th), s = sin(th);
     const int a = neox ? i : 2 * i, b = neox ? i + half_rot : 2 * i + 1;
     for (int h = 0; h < n_head; h++) {
@@ -145,9 +154,7 @@ kernel void rope_qk(global float *q, ulong qoff, global float *k, ulong koff, gl
     float c = 1.0f, s = 0.0f;
     int a = n_rot + 2 * (i - half_rot), b = a + 1;
     if (rot) {
-        float theta = (float)pos[t];
-        for (int k = 0; k < i; k++) theta *= theta_scale;
-        const float th = freq_scale * (theta / (ff ? ff[i] : 1.0f));
+        const float th = rope_theta(pos[t], i, theta_scale, freq_scale, ff);
         c = cos(th), s = sin(th);
         a = neox ? i : 2 * i, b = neox ? i + half_rot : 2 * i + 1;
     }
