@@ -5,7 +5,8 @@
 --   {"id": "q1", "prompt": "Once upon a time"}                 raw text
 --   {"id": "q2", "messages": [{"role": "user", "content": "Hi"}]}   chat (the model's template)
 -- with optional per-item sampling: temp, top_k, top_p, min_p, repeat_penalty,
--- seed, max_tokens, stop (a string or an array of strings). Options the
+-- seed, max_tokens, stop (a string or an array of strings), logprobs (K,
+-- as --logprobs; null or absent: the command line's). Options the
 -- line leaves out come from the command line; the default seed of an item
 -- is --seed plus its line number, so a sampled item gives the same text
 -- whichever shard or batch runs it.
@@ -13,6 +14,14 @@
 -- Each output line, in input order:
 --   {"id": ..., "text": ..., "tokens": N, "prompt_tokens": N, "finish_reason": "eog"|"length"|"stop",
 --    "ttft": seconds, "tokens_per_s": ...}
+-- With logprobs (--logprobs K or the item's "logprobs": K), the line also
+-- carries "logprobs" in the OpenAI completions shape, one entry per token:
+--   {"tokens": [text...], "token_logprobs": [model log-prob...],
+--    "top_logprobs": [{text: log-prob, ...} (the K best and the token)...],
+--    "text_offset": [byte offset in "text"...], "token_ids": [...],
+--    "sampler_logprobs": [log-prob under the sampler's distribution...],
+--    "top_token_ids": [[the K best ids]...]}
+-- (see kvlua.logprobs; a stop string's last tokens are listed too).
 -- or, for an item that could not run (malformed JSON, no prompt, a bad
 -- option, a prompt longer than the context):
 --   {"id": ..., "line": N, "finish_reason": "error", "error": "message"}
@@ -44,6 +53,8 @@ p:sampling_options { temp = 0.0, top_k = 40, top_p = 0.95, min_p = 0.05, repeat_
 p:ctx_option(0, "prompt + max tokens")
 p:kv("--kv", "K/V storage: f16, q8_0, q4_0, f32, or per layer 'q8_0,0=f16'", "f16")
 p:flag("--ids", 'add the generated token ids ("ids") to each output line')
+p:int("--logprobs", "K", 'add "logprobs" (OpenAI completions shape) with the K best alternatives per token',
+  nil, 0, 1000)
 p:flag("--no-timings", "leave ttft and tokens_per_s out (byte-identical outputs run to run)")
 p:flag("--quiet", "no progress on stderr")
 p:flag("--json", "print the run's summary as one JSON object on stdout (needs --output)")
@@ -54,6 +65,7 @@ local chat = require "kvlua.chat"
 local sampling = require "kvlua.sampling"
 local scheduler = require "kvlua.scheduler"
 local progress = require "kvlua.progress"
+local logprobs = require "kvlua.logprobs"
 
 -- ==== options ================================================================
 
@@ -73,7 +85,7 @@ local out = cli.output(o.output)
 -- ==== items → requests ======================================================
 
 local SAMPLING_KEYS = { temp = "number", top_k = "integer", top_p = "number", min_p = "number",
-  repeat_penalty = "number", seed = "integer", max_tokens = "integer" }
+  repeat_penalty = "number", seed = "integer", max_tokens = "integer", logprobs = "integer" }
 
 -- A per-item option, type-checked (a finite number; max_tokens within the
 -- engine's context); the command line's value when absent.
@@ -88,6 +100,7 @@ local function item_opt(item, key, default)
   if key == "max_tokens" and (v < 0 or v > cli.MAX_CTX) then
     error(string.format("max_tokens must be in 0..%d", cli.MAX_CTX), 0)
   end
+  if key == "logprobs" and (v < 0 or v > 1000) then error("logprobs must be in 0..1000", 0) end
   return v
 end
 
@@ -139,6 +152,7 @@ local function request(line, item, bad)
       error(string.format("the prompt (%d tokens) and max_tokens (%d) need more than the largest context, %d tokens",
         #req.prompt, req.max_tokens, cli.MAX_CTX), 0)
     end
+    req.logprobs = item_opt(item, "logprobs", o.logprobs)
     req.sampler = sampling.from_opts {
       temp = item_opt(item, "temp", o.temp), top_k = item_opt(item, "top_k", o.top_k),
       top_p = item_opt(item, "top_p", o.top_p), min_p = item_opt(item, "min_p", o.min_p),
@@ -164,6 +178,7 @@ local function record(r)
   local rec = { id = req.id, text = r.text, tokens = #r.ids, prompt_tokens = r.prompt_tokens,
     finish_reason = r.finish_reason }
   if o.ids then rec.ids = json.array(r.ids) end
+  if r.logprobs then rec.logprobs = logprobs.openai(r.logprobs, json.null, json.array) end
   if not o.no_timings then
     rec.ttft = r.ttft
     rec.tokens_per_s = r.tokens_per_s

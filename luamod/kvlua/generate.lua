@@ -28,11 +28,27 @@
 --   on_full     function(s) called when the context is full; it may make room
 --               (s:shift{ keep =, drop = } or s:rewind(n)) and generation goes
 --               on; if it makes none, generation ends with "length"
+--   logprobs    k (integer >= 0): log-probabilities of every generated token
+--               and its k most likely alternatives (below)
 --
 -- The iterator yields text pieces that are always whole UTF-8 characters
 -- and never part of a stop string. It ends on EOG, max_tokens, a stop
 -- string or an error; the reason is in s.finish_reason ("eog", "length",
 -- "stop", or "error: <message>") and the generated ids in s.generated.
+--
+-- With logprobs = k, each piece comes with a second value: the records of
+-- the tokens generated since the previous piece (a token whose text is held
+-- back, or that has none, comes with a later piece; the last tokens, EOG or
+-- a stop string's, may come with none). s.logprobs holds every record, in
+-- the order of s.generated (nil without logprobs):
+--   { id =, text = (the token's bytes),
+--     logprob = log-softmax of the distribution the sampler picked from
+--               (sampler.final: what its stages left before the pick, e.g.
+--               after penalties, top-k/p and temperature; the raw logits
+--               without a sampler; nil for a sampler that keeps no .final),
+--     raw_logprob = log-softmax of the model's logits (Logits:logprob),
+--     top = { {id =, text =, logprob = (raw)}, ... } the k best of the
+--           model's logits (Logits:topk order: ties to the lower id) }
 --
 -- One live iterator per session: a new s:generate on the same session
 -- invalidates the previous iterator, which raises when called again; so
@@ -41,6 +57,7 @@
 -- that leaves s.pos where it was.
 
 local kvlua = require "kvlua"
+local logprobs = require "kvlua.logprobs"
 
 local function check_opts(opts)
   if opts == nil then return {} end
@@ -59,6 +76,9 @@ local function check_opts(opts)
   end
   if opts.prompt ~= nil and type(opts.prompt) ~= "string" and type(opts.prompt) ~= "table" then
     error("generate: prompt must be a string or an array of token ids", 3)
+  end
+  if opts.logprobs ~= nil and (math.type(opts.logprobs) ~= "integer" or opts.logprobs < 0) then
+    error("generate: logprobs must be a non-negative integer (alternatives per token)", 3)
   end
   return opts
 end
@@ -119,6 +139,16 @@ local function generate(vocab, s, opts)
   local done = false
   local generated = {}
   s.generated = generated
+  local lp_all, lp_new -- logprobs records: all of them, and those not yet yielded
+  if opts.logprobs then lp_all, lp_new = {}, {} end
+  s.logprobs = lp_all
+  -- A piece, with the records since the last one when logprobs are asked.
+  local function piece_out(out)
+    if not lp_all then return out end
+    local recs = lp_new
+    lp_new = {}
+    return out, recs
+  end
 
   local function finish(reason)
     done = true
@@ -143,6 +173,11 @@ local function generate(vocab, s, opts)
       if sampler and sampler.accept then sampler:accept(id) end
       produced = produced + 1
       generated[#generated + 1] = id
+      if lp_all then
+        local rec = logprobs.record(logits, id, opts.logprobs, sampler, function(t) return vocab.piece(s, t, false) end)
+        lp_all[#lp_all + 1] = rec
+        lp_new[#lp_new + 1] = rec
+      end
       if opts.on_token then opts.on_token(id) end
       if vocab.is_eog(s, id) and not opts.ignore_eog then finish("eog"); break end
       pending = pending .. vocab.piece(s, id, false)
@@ -153,7 +188,7 @@ local function generate(vocab, s, opts)
           local out = pending:sub(1, at - 1)
           pending = ""
           finish("stop")
-          if out ~= "" then return out end
+          if out ~= "" then return piece_out(out) end
           return nil
         end
       end
@@ -181,13 +216,13 @@ local function generate(vocab, s, opts)
       if emit > 0 then
         local out = pending:sub(1, emit)
         pending = pending:sub(emit + 1)
-        return out
+        return piece_out(out)
       end
     end
     if pending ~= "" then
       local out = pending
       pending = ""
-      return out
+      return piece_out(out)
     end
     return nil
   end

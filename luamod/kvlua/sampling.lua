@@ -133,8 +133,13 @@ local function stage(name, fields)
   return setmetatable(fields, Stage)
 end
 
--- A stage on its own is a one-stage sampler.
-function Stage:sample(l) return M.chain{ self }:sample(l) end
+-- A stage on its own is a one-stage sampler (its .final as a chain's).
+function Stage:sample(l)
+  local c = M.chain{ self }
+  local id, err = c:sample(l)
+  self.final = c.final
+  return id, err
+end
 function Stage:accept(id) end
 function Stage:reset() end
 function Stage:__tostring() return "sampling." .. self.name end
@@ -293,7 +298,12 @@ function M.chain(stages)
 end
 
 --- s:sample(logits) -> id | nil, err. The Logits passed in is not modified.
+--- After a pick, s.final is the Logits the pick was made from (what the
+--- stages before the selecting one left; the one passed in when none
+--- changed it): its log-softmax is the distribution dist drew from, and
+--- generate{logprobs =} reports the pick's log-probability under it.
 function Chain:sample(l)
+  self.final = nil
   if not is_logits(l) then error("sampler:sample: Logits expected, got " .. type(l), 2) end
   if l.rows ~= 1 then error("sampler:sample: single-row Logits expected (use l:row(i))", 2) end
   if l:has_nonfinite() then return nil, "non-finite logits" end
@@ -308,10 +318,13 @@ function Chain:sample(l)
       if math.type(r) ~= "integer" or r < 0 or r >= l.n then
         return nil, ("sampling stage %s returned a bad id %s"):format(st.name or "?", tostring(r))
       end
+      self.final = work
       return r
     end
   end
-  return best(work)
+  local id, err = best(work)
+  if id then self.final = work end
+  return id, err
 end
 
 --- s:accept(id): record a generated (or prompt) token for penalty stages.

@@ -9,14 +9,17 @@
 -- next_request() returns the next request, or nil when there are no more:
 --   { prompt = {ids...},          -- required, not empty
 --     max_tokens = 128, sampler = <:sample(logits) [, :accept(id)]> (default greedy),
---     stop = {"strings"}, ignore_eog = false, ... }   -- other fields are the caller's
+--     stop = {"strings"}, ignore_eog = false,
+--     logprobs = k (optional: result.logprobs, see below), ... }   -- other fields are the caller's
 -- A request with an `error` field (a message) is not run: its result
 -- finishes with "error: <message>" in its place in the order.
 -- The sink receives one result per request, in request order whatever
 -- order they finish in:
 --   { request =, index = k (1-based), text =, ids = {generated ids, EOG excluded},
 --     finish_reason = "eog"|"length"|"stop"|"error: ...", prompt_tokens =,
---     ttft =, itl = {seconds...}, tokens_per_s = (nil under 2 tokens), kv_bytes = }
+--     ttft =, itl = {seconds...}, tokens_per_s = (nil under 2 tokens), kv_bytes =,
+--     logprobs = {record per id of ids} (with request.logprobs: kvlua.logprobs.record's,
+--                as s:generate{logprobs = k} gives them) }
 --
 -- One step of the loop:
 --   1. admit requests while fewer than `batch` are active (each gets its
@@ -42,6 +45,7 @@
 -- "error: ..." and the others go on. Misuse (bad options) raises.
 
 local kvlua = require "kvlua"
+local logprobs = require "kvlua.logprobs"
 
 local M = {}
 
@@ -136,7 +140,11 @@ end
 
 -- A new entry for request number k; opens its session.
 function Scheduler:admit(req, k)
-  local result = { request = req, index = k, text = "", ids = {}, itl = {}, prompt_tokens = 0 }
+  if req.logprobs ~= nil and (math.type(req.logprobs) ~= "integer" or req.logprobs < 0) then
+    error("scheduler: a request's logprobs must be a non-negative integer", 0)
+  end
+  local result = { request = req, index = k, text = "", ids = {}, itl = {}, prompt_tokens = 0,
+    logprobs = req.logprobs and {} or nil }
   local e = { req = req, result = result, fed = 0, admitted = self.clock, max_tokens = req.max_tokens or 128,
     stop = req.stop or {}, sampler = req.sampler }
   local prompt = req.prompt
@@ -186,6 +194,7 @@ function Scheduler:sample(e)
   local r = e.result
   local id, err
   if e.sampler then id, err = e.sampler:sample(e.logits) else id = e.logits:argmax() end
+  local logits = e.logits
   e.logits = nil
   if not id then return self:finish(e, "error: " .. tostring(err)) end
   if e.sampler and e.sampler.accept then e.sampler:accept(id) end
@@ -198,6 +207,10 @@ function Scheduler:sample(e)
   r.t_last = self.clock
   if self.model:is_eog(id) and not e.req.ignore_eog then return self:finish(e, "eog") end
   r.ids[#r.ids + 1] = id
+  if r.logprobs then
+    r.logprobs[#r.ids] = logprobs.record(logits, id, e.req.logprobs, e.sampler,
+      function(t) return self.model:piece(t, false) end)
+  end
   r.text = r.text .. self.model:piece(id, false)
   for _, stop in ipairs(e.stop) do
     local at = r.text:find(stop, 1, true)
