@@ -42,19 +42,25 @@
  * size before anything is allocated; pages go into free pages only and are
  * sealed once the whole stream has been verified (all or nothing).
  *
- * Writing goes to a temporary file beside the target, renamed over it only
- * once complete; every failure removes it. Reading checks every count
- * against the model and the file before it allocates, and any failure
- * frees what the restore took: the live cache and sessions do not change
- * (except pages evicted to make room, as any prefill may).
+ * Writing goes to a temporary file beside the target (kvf_out: symbolic
+ * links followed, nothing but a regular file replaced, one locked
+ * temporary name per target), renamed over it only once complete; every
+ * failure removes it. Reading opens regular files only (a FIFO is refused,
+ * not waited on), checks every count against the model and the file
+ * before it allocates, and any failure frees what the restore took: the
+ * live cache and sessions do not change (except pages evicted to make
+ * room, as any prefill may).
  */
 #include "model_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "quant.h"
@@ -272,29 +278,180 @@ static void stream_free(kvf_stream *s) {
 
 /* ==== save ==================================================================== */
 
-/* A temporary file beside path (*tmp, *fd, *f) with the stream's first
- * bytes written: magic, version, flags and, with a key, the secretstream
- * header. On failure what was made is for save_close to remove. */
-static kv_status save_open(kvf_stream *w, const char *path, const char *magic, const uint8_t *key, char **tmp,
-                           int *fd, FILE **f, kv_error *e) {
-    *tmp = NULL, *fd = -1, *f = NULL;
-    size_t plen = strlen(path);
-    if (!(*tmp = malloc(plen + 16))) return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
-    snprintf(*tmp, plen + 16, "%s.tmp-XXXXXX", path);
-    if ((*fd = mkstemp(*tmp)) < 0)
-        return kv_fail(e, KV_ERR_IO, "save: cannot create a file beside %s: %s", path, strerror(errno));
-    if (!(*f = fdopen(*fd, "wb"))) return kv_fail(e, KV_ERR_IO, "save: %s", strerror(errno));
-    kv_status st = stream_init(w, *f, key != NULL, magic, KVF_VERSION, e);
-    if (st) {
+/* The file a save writes (kvf_out): the target and its temporary file.
+ *
+ * The target is path, or the end of path's chain of symbolic links
+ * (a relative link read from the link's folder), so that a save through a
+ * link replaces the file it points to and the link stays a link; a
+ * dangling link gets its target created, as a shell's ">" would. What
+ * exists there must be a regular file: a directory, a FIFO, a device or a
+ * socket is refused before anything is written.
+ *
+ * The temporary file is ".NAME.kvlua-tmp" beside the target (a hash of
+ * NAME when that name would be too long), the same name for every save to
+ * one target: a save killed midway leaves it behind, and the next save
+ * takes it over. A live save holds an exclusive flock on it from open to
+ * rename, so a second save to the same target meanwhile is refused rather
+ * than writing into the first's file; a stale file holds no lock (the
+ * kernel drops a dead process's locks). */
+typedef struct {
+    char *target, *tmp;
+    int fd;   /* the temporary file, locked; -1: none */
+    FILE *f;  /* on fd */
+} kvf_out;
+
+#define KVF_MAX_LINKS 40 /* as the kernel's limit on a path's links */
+
+static const char *file_kind(mode_t mode) {
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISCHR(mode) ? "a character device"
+         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "a file of an unknown kind";
+}
+
+/* *out: path with its symbolic links followed (malloc'd), a regular file
+ * or nothing yet. */
+static kv_status save_target(const char *path, char **out, kv_error *e) {
+    *out = NULL;
+    char *p = strdup(path);
+    if (!p) return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+    for (int hops = 0;; hops++) {
+        struct stat st;
+        if (lstat(p, &st) != 0) {
+            if (errno == ENOENT) break; /* a new file (or no such folder: the temporary file says so) */
+            kv_status r = kv_fail(e, KV_ERR_IO, "save: %s: %s", p, strerror(errno));
+            free(p);
+            return r;
+        }
+        if (S_ISREG(st.st_mode)) break;
+        if (!S_ISLNK(st.st_mode)) {
+            kv_status r = kv_fail(e, KV_ERR_IO, "save: %s is %s, not a regular file: nothing written", p,
+                                  file_kind(st.st_mode));
+            free(p);
+            return r;
+        }
+        if (hops == KVF_MAX_LINKS) {
+            free(p);
+            return kv_fail(e, KV_ERR_IO, "save: %s: too many levels of symbolic links", path);
+        }
+        /* the link's text (st_size is its length, unless it changes meanwhile) */
+        char *t = NULL;
+        ssize_t n;
+        for (size_t cap = (size_t)(st.st_size > 0 ? st.st_size : 63) + 1;; cap *= 2) {
+            char *nt = realloc(t, cap);
+            if (!nt) {
+                free(t), free(p);
+                return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+            }
+            t = nt;
+            if ((n = readlink(p, t, cap)) < 0) {
+                kv_status r = kv_fail(e, KV_ERR_IO, "save: %s: %s", p, strerror(errno));
+                free(t), free(p);
+                return r;
+            }
+            if ((size_t)n < cap) break;
+        }
+        t[n] = '\0';
+        char *np;
+        const char *slash = strrchr(p, '/');
+        if (t[0] == '/' || !slash) {
+            np = t, t = NULL;
+        } else { /* relative to the link's folder */
+            const size_t dl = (size_t)(slash - p) + 1;
+            np = malloc(dl + strlen(t) + 1);
+            if (np) memcpy(np, p, dl), strcpy(np + dl, t);
+        }
+        free(t), free(p);
+        if (!(p = np)) return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+    }
+    *out = p;
+    return KV_OK;
+}
+
+/* o->tmp: ".NAME.kvlua-tmp" beside o->target. */
+static kv_status tmp_name(kvf_out *o, kv_error *e) {
+    const char *slash = strrchr(o->target, '/');
+    const char *name = slash ? slash + 1 : o->target;
+    const size_t dl = (size_t)(name - o->target), nl = strlen(name);
+    char hex[33];
+    if (1 + nl + strlen(".kvlua-tmp") > 255) { /* past NAME_MAX: a hash of the name stands for it */
+        uint8_t h[16];
+        crypto_generichash(h, sizeof h, (const uint8_t *)name, nl, NULL, 0);
+        sodium_bin2hex(hex, sizeof hex, h, sizeof h);
+        name = hex;
+    }
+    const size_t n = dl + 1 + strlen(name) + sizeof ".kvlua-tmp";
+    if (!(o->tmp = malloc(n))) return kv_fail(e, KV_ERR_NOMEM, "save: out of memory");
+    snprintf(o->tmp, n, "%.*s.%s.kvlua-tmp", (int)dl, o->target, name);
+    return KV_OK;
+}
+
+/* o->fd: the temporary file, opened (created, or a stale one taken over
+ * and emptied) and locked. */
+static kv_status tmp_open(kvf_out *o, const char *path, kv_error *e) {
+    for (int tries = 0; tries < 100; tries++) {
+        /* O_NOFOLLOW: never written through a link planted under that name;
+         * O_NONBLOCK: a FIFO under that name is refused below, not waited
+         * for (no effect on a regular file) */
+        int fd = open(o->tmp, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+        if (fd < 0) return kv_fail(e, KV_ERR_IO, "save: cannot create %s: %s", o->tmp, strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            const int err = errno;
+            close(fd);
+            if (err == EWOULDBLOCK)
+                return kv_fail(e, KV_ERR_IO, "save: another save to %s is under way (%s is locked)", path, o->tmp);
+            return kv_fail(e, KV_ERR_IO, "save: cannot lock %s: %s", o->tmp, strerror(err));
+        }
+        /* the save that held the lock before may have renamed or removed
+         * the file meanwhile: then the lock is on its file, not this name's */
+        struct stat a, b;
+        if (fstat(fd, &a) != 0) {
+            const int err = errno;
+            close(fd);
+            return kv_fail(e, KV_ERR_IO, "save: %s: %s", o->tmp, strerror(err));
+        }
+        if (lstat(o->tmp, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+            close(fd);
+            continue;
+        }
+        if (!S_ISREG(a.st_mode)) {
+            close(fd);
+            return kv_fail(e, KV_ERR_IO, "save: %s is %s, not a regular file", o->tmp, file_kind(a.st_mode));
+        }
+        if (ftruncate(fd, 0) != 0) { /* a stale one */
+            const int err = errno;
+            close(fd);
+            return kv_fail(e, KV_ERR_IO, "save: %s: %s", o->tmp, strerror(err));
+        }
+        o->fd = fd;
+        return KV_OK;
+    }
+    return kv_fail(e, KV_ERR_IO, "save: %s keeps being replaced by other saves", o->tmp);
+}
+
+/* The target and its temporary file (o), with the stream's first bytes
+ * written: magic, version, flags and, with a key, the secretstream header.
+ * On failure what was made is for save_close to remove. */
+static kv_status save_open(kvf_stream *w, const char *path, const char *magic, const uint8_t *key, kvf_out *o,
+                           kv_error *e) {
+    *o = (kvf_out){.fd = -1};
+    kv_status st;
+    if ((st = save_target(path, &o->target, e)) || (st = tmp_name(o, e)) || (st = tmp_open(o, path, e))) return st;
+    /* a descriptor of its own for the FILE: fclose leaves o->fd, and the lock, until the rename */
+    const int fd2 = fcntl(o->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd2 < 0 || !(o->f = fdopen(fd2, "wb"))) {
+        const int err = errno;
+        if (fd2 >= 0) close(fd2);
+        return kv_fail(e, KV_ERR_IO, "save: %s: %s", o->tmp, strerror(err));
+    }
+    if ((st = stream_init(w, o->f, key != NULL, magic, KVF_VERSION, e))) {
         stream_free(w);
         return st;
     }
     errno = 0;
-    if (fwrite(w->pre, sizeof w->pre, 1, *f) != 1) io_fail(w, "write");
+    if (fwrite(w->pre, sizeof w->pre, 1, o->f) != 1) io_fail(w, "write");
     if (key && !w->st) {
         uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
         crypto_secretstream_xchacha20poly1305_init_push(&w->ss, hdr, key);
-        if (fwrite(hdr, sizeof hdr, 1, *f) != 1) io_fail(w, "write");
+        if (fwrite(hdr, sizeof hdr, 1, o->f) != 1) io_fail(w, "write");
     }
     return KV_OK;
 }
@@ -335,17 +492,19 @@ static kv_status save_finish(kvf_stream *w, FILE *f, const uint8_t *key) {
     return st;
 }
 
-/* Closes the temporary file (f, or its descriptor when fdopen failed) and
- * renames it over path when everything went well, else removes it. */
-static kv_status save_close(FILE *f, int fd, kv_status st, const char *tmp, const char *path, kv_error *e) {
-    if (f) {
-        if (fclose(f) != 0 && st == KV_OK) st = kv_fail(e, KV_ERR_IO, "save: %s: %s", path, strerror(errno));
-    } else if (fd >= 0) {
-        close(fd);
-    }
-    if (st == KV_OK && rename(tmp, path) != 0)
-        st = kv_fail(e, KV_ERR_IO, "save: cannot rename to %s: %s", path, strerror(errno));
-    if (st != KV_OK && fd >= 0) unlink(tmp);
+/* Closes the temporary file and renames it over the target when
+ * everything went well, else removes it; the lock is let go last. Frees
+ * what o holds. */
+static kv_status save_close(kvf_out *o, kv_status st, kv_error *e) {
+    if (o->f && fclose(o->f) != 0 && st == KV_OK)
+        st = kv_fail(e, KV_ERR_IO, "save: %s: %s", o->tmp, strerror(errno));
+    if (st == KV_OK && rename(o->tmp, o->target) != 0)
+        st = kv_fail(e, KV_ERR_IO, "save: cannot rename %s to %s: %s", o->tmp, o->target, strerror(errno));
+    if (st != KV_OK && o->fd >= 0) unlink(o->tmp); /* ours: locked */
+    if (o->fd >= 0) close(o->fd);
+    free(o->target);
+    free(o->tmp);
+    *o = (kvf_out){.fd = -1};
     return st;
 }
 
@@ -356,11 +515,9 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
     uint8_t fp[32];
     kv_status st = kv_model_fingerprint(s->m, fp, NULL, e);
     if (st) return st;
-    char *tmp;
-    int fd;
-    FILE *f;
+    kvf_out o;
     kvf_stream w;
-    if ((st = save_open(&w, path, KVF_MAGIC, key, &tmp, &fd, &f, e)) == KV_OK) {
+    if ((st = save_open(&w, path, KVF_MAGIC, key, &o, e)) == KV_OK) {
         /* header */
         uint32_t n_pages = 0;
         for (int g = 0; g < c->n_groups; g++)
@@ -380,10 +537,9 @@ kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, k
                 w_u32(&w, (uint32_t)lp);
                 w_page(&w, &s->m->be, (kv_cache *)c, g, id, e);
             }
-        st = save_finish(&w, f, key);
+        st = save_finish(&w, o.f, key);
     }
-    st = save_close(f, fd, st, tmp, path, e);
-    free(tmp);
+    st = save_close(&o, st, e);
     return st;
 }
 
@@ -549,14 +705,53 @@ done:
     return st;
 }
 
+/* path opened for reading when it is a regular file, else NULL and *err
+ * (an errno value, or 0 with *mode: not a regular file). O_NONBLOCK: a FIFO
+ * is refused at once, not waited on for a writer (as kv_gguf_open does). */
+static FILE *open_regular(const char *path, int *err, mode_t *mode) {
+    *err = 0, *mode = 0;
+    const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        *err = errno;
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        *err = errno;
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *mode = st.st_mode;
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        *err = errno;
+        close(fd);
+    }
+    return f;
+}
+
+/* open_regular, or the message a restore returns. */
+static kv_status restore_open(const char *path, FILE **f, kv_error *e) {
+    int err;
+    mode_t mode;
+    if ((*f = open_regular(path, &err, &mode))) return KV_OK;
+    if (err) return kv_fail(e, KV_ERR_IO, "restore: %s: %s", path, strerror(err));
+    return kv_fail(e, KV_ERR_IO, "restore: %s is %s, not a regular file", path, file_kind(mode));
+}
+
 kv_status kv_session_restore(kv_model *m, const char *path, const uint8_t *key, kv_cache *cache, int min_ctx,
                              kv_session **out, kv_error *e) {
     if (!out) return kv_fail(e, KV_ERR_ARG, "restore: out is NULL");
     *out = NULL;
     if (!m || !path) return kv_fail(e, KV_ERR_ARG, "restore: model or path is NULL");
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(e, KV_ERR_IO, "restore: %s: %s", path, strerror(errno));
-    kv_status st = kv_session_restore_fp(m, f, key, cache, min_ctx, out, e);
+    FILE *f;
+    kv_status st = restore_open(path, &f, e);
+    if (st) return st;
+    st = kv_session_restore_fp(m, f, key, cache, min_ctx, out, e);
     fclose(f);
     return st;
 }
@@ -657,11 +852,9 @@ kv_status kv_cache_save(kv_cache *c, const char *path, const uint8_t *key, const
         if (want[order[k]] == 2)
             for (int g = 0; g < c->n_groups; g++) n_pages += kv_pool_find(c, g, &c->tnodes[order[k]].hash) >= 0;
     }
-    char *tmp;
-    int fd;
-    FILE *f;
+    kvf_out o;
     kvf_stream w;
-    if ((st = save_open(&w, path, KVC_MAGIC, key, &tmp, &fd, &f, e)) == KV_OK) {
+    if ((st = save_open(&w, path, KVC_MAGIC, key, &o, e)) == KV_OK) {
         const uint32_t hv[8] = {(uint32_t)c->pt, (uint32_t)c->n_groups, (uint32_t)in->n_layer,
                                 (uint32_t)in->n_head_kv, (uint32_t)in->head_dim, (uint32_t)in->head_dim_v,
                                 (uint32_t)n_nodes, n_pages};
@@ -683,10 +876,9 @@ kv_status kv_cache_save(kv_cache *c, const char *path, const uint8_t *key, const
                 w_page(&w, &m->be, c, g, id, e);
             }
         }
-        st = save_finish(&w, f, key);
+        st = save_finish(&w, o.f, key);
     }
-    st = save_close(f, fd, st, tmp, path, e);
-    free(tmp);
+    st = save_close(&o, st, e);
     free(want);
     free(order);
     free(fidx);
@@ -842,15 +1034,18 @@ done:
 kv_status kv_cache_restore(kv_cache *c, const char *path, const uint8_t *key, int64_t *pages_added, kv_error *e) {
     if (pages_added) *pages_added = 0;
     if (!c || !path) return kv_fail(e, KV_ERR_ARG, "restore: cache or path is NULL");
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(e, KV_ERR_IO, "restore: %s: %s", path, strerror(errno));
-    kv_status st = kv_cache_restore_fp(c, f, key, pages_added, e);
+    FILE *f;
+    kv_status st = restore_open(path, &f, e);
+    if (st) return st;
+    st = kv_cache_restore_fp(c, f, key, pages_added, e);
     fclose(f);
     return st;
 }
 
 int kv_file_kind(const char *path) {
-    FILE *f = path ? fopen(path, "rb") : NULL;
+    int err;
+    mode_t mode;
+    FILE *f = path ? open_regular(path, &err, &mode) : NULL;
     if (!f) return KV_FILE_NONE;
     char magic[8];
     int kind = KV_FILE_NONE;

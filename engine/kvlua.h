@@ -275,8 +275,10 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
 kv_status kv_decode_batch(kv_session *const *ss, const int32_t *ids, size_t n, float *logits, kv_error *e);
 
 /* Writes the session (tokens and K/V pages) to path: written aside, renamed
- * over path once complete. key: 32 bytes (encrypted and authenticated with
- * XChaCha20-Poly1305 secretstream), or NULL (a BLAKE2b checksum). */
+ * over path once complete (a symbolic link is followed: the file it leads
+ * to is replaced; a path that is not a regular file is refused). key: 32
+ * bytes (encrypted and authenticated with XChaCha20-Poly1305 secretstream),
+ * or NULL (a BLAKE2b checksum). */
 kv_status kv_session_save(kv_session *s, const char *path, const uint8_t *key, kv_error *e);
 /* A new session from a file written by kv_session_save with this very
  * model file (else "model fingerprint mismatch"), in cache (its types must

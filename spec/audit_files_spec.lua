@@ -6,9 +6,25 @@
 --      went unnoticed (f16 pages restored; quantized ones were refused for
 --      their version)
 --   2  a plain record of 1 MiB + 17 bytes was read into a 1 MiB buffer
+--   3  a save over a FIFO replaced the FIFO with a regular file (as root, a
+--      save to /dev/null replaced the device); over a directory it failed
+--      only at the rename
+--   4  a save through a symbolic link replaced the link with a regular file
+--   5  a save killed midway (kill -9) left its temporary file for ever: the
+--      temporary name was random, so no later save found it (and a name of
+--      more than 244 bytes could not be saved to: the temporary name was
+--      too long)
+--   6  kvlua.restore on a FIFO waited for a writer for ever; on a directory
+--      it said "bad magic"
+--
+-- And one check that held already: a save that runs out of disk space
+-- leaves the old file as it was and no temporary file.
 --
 -- Everything runs on tiny random-weight models written to temporary files;
--- what could corrupt the heap (2) runs in a child lua5.4.
+-- what could hang (a FIFO), corrupt the heap (2) or must be killed (a
+-- save) runs in a child lua5.4. The /dev/null case runs last, and only once
+-- the FIFO case has passed: a build that replaces FIFOs must never be let
+-- near /dev/null.
 local kvlua = require "kvlua"
 local tiny = require "spec.support.tiny_models"
 local run_child = require "spec.support.child"
@@ -76,6 +92,8 @@ end
 local function same_next(a, b)
   return same(assert(a:fork():decode(9)), assert(b:fork():decode(9)))
 end
+
+local fifo_refused = false -- set once a save to a FIFO was refused (finding 3)
 
 -- ==== 1 ======================================================================
 
@@ -178,5 +196,295 @@ describe("2: a plain record larger than 1 MiB is refused before it is read", fun
     assert.equals(0, rc, out)
     assert.matches("session:%s+kv file: record larger than allowed", out)
     assert.matches("cache:%s+kv file: record larger than allowed", out)
+  end)
+end)
+
+-- ==== 3 ======================================================================
+
+describe("3: a save over what is not a regular file is refused, nothing touched", function()
+  it("a FIFO: nil, message; still a FIFO, nothing else in the folder", function()
+    local dir = tempdir()
+    local fifo = dir .. "/f.kv"
+    assert.is_true(sh("mkfifo " .. quote(fifo)))
+    local ok, err = session(20):save(fifo)
+    local still = is_fifo(fifo)
+    local names = listing(dir)
+    sh("rm -rf " .. quote(dir))
+    assert.is_nil(ok)
+    assert.matches("not a regular file", err)
+    assert.is_true(still, "the FIFO is still a FIFO")
+    assert.same({ "f.kv" }, names)
+    fifo_refused = true
+  end)
+
+  it("a directory (a cache file too): nil, message before anything is written", function()
+    local dir = tempdir()
+    local sub = dir .. "/d.kv"
+    assert.is_true(sh("mkdir " .. quote(sub)))
+    local ok, err = session(20):save(sub)
+    assert.is_nil(ok)
+    assert.matches("not a regular file", err)
+    local c = assert(kvlua.cache(m, { pages = 16 }))
+    local ok2, err2 = c:save(sub)
+    assert.is_nil(ok2)
+    assert.matches("not a regular file", err2)
+    local still, names, inside = is_dir(sub), listing(dir), listing(sub)
+    sh("rm -rf " .. quote(dir))
+    assert.is_true(still)
+    assert.same({ "d.kv" }, names)
+    assert.same({}, inside)
+  end)
+end)
+
+-- ==== 4 ======================================================================
+
+describe("4: a save through a symbolic link replaces the link's target, the link stays", function()
+  it("relative links, a chain of two, a link in another folder", function()
+    local dir = tempdir()
+    assert.is_true(sh(("mkdir %s/a %s/b"):format(quote(dir), quote(dir))))
+    local target = dir .. "/a/t.kv"
+    write(target, "an older file")
+    -- b/l2 -> l1 (relative to b), b/l1 -> ../a/t.kv (relative to b, not to the working folder)
+    assert.is_true(sh(("ln -s ../a/t.kv %s/b/l1 && ln -s l1 %s/b/l2"):format(quote(dir), quote(dir))))
+    local s = session(30)
+    assert.is_true(s:save(dir .. "/b/l2"))
+    local links = is_link(dir .. "/b/l1") and is_link(dir .. "/b/l2")
+    local a, b = listing(dir .. "/a"), listing(dir .. "/b")
+    local r, err = kvlua.restore(m, target)
+    sh("rm -rf " .. quote(dir))
+    assert.is_true(links, "both links are still links")
+    assert.same({ "t.kv" }, a) -- no temporary file left beside the target
+    assert.same({ "l1", "l2" }, b)
+    assert(r, err)
+    assert.same(s:tokens(), r:tokens())
+    assert.is_true(same_next(s, r))
+  end)
+
+  it("an absolute link; a cache file", function()
+    local dir = tempdir()
+    local target = dir .. "/t.kv"
+    write(target, "an older file")
+    assert.is_true(sh(("ln -s %s %s/l"):format(quote(target), quote(dir))))
+    local c = assert(kvlua.cache(m, { pages = 16 }))
+    local s = assert(m:session { ctx = 512, cache = c })
+    assert(s:prefill(some_ids(40, 64, 3), { logits = "none" }))
+    s:close()
+    local ok, n = c:save(dir .. "/l")
+    local link = is_link(dir .. "/l")
+    local c2 = assert(kvlua.cache(m, { pages = 16 }))
+    local _, added = kvlua.restore(m, target, { cache = c2 })
+    local names = listing(dir)
+    sh("rm -rf " .. quote(dir))
+    assert.is_true(ok)
+    assert.is_true(link)
+    assert.equals(n, added)
+    assert.equals(2, added)
+    assert.same({ "l", "t.kv" }, names)
+  end)
+
+  it("a dangling link: its target is created, the link stays", function()
+    local dir = tempdir()
+    assert.is_true(sh(("ln -s new.kv %s/l"):format(quote(dir))))
+    local s = session(20)
+    assert.is_true(s:save(dir .. "/l"))
+    local link = is_link(dir .. "/l")
+    local names = listing(dir)
+    local r = kvlua.restore(m, dir .. "/new.kv")
+    sh("rm -rf " .. quote(dir))
+    assert.is_true(link)
+    assert.same({ "l", "new.kv" }, names)
+    assert.is_true(r ~= nil and same_next(s, r))
+  end)
+
+  it("a link to a FIFO: refused, the FIFO and the link as they were", function()
+    local dir = tempdir()
+    assert.is_true(sh(("mkfifo %s/f && ln -s f %s/l"):format(quote(dir), quote(dir))))
+    local ok, err = session(20):save(dir .. "/l")
+    local fifo, link, names = is_fifo(dir .. "/f"), is_link(dir .. "/l"), listing(dir)
+    sh("rm -rf " .. quote(dir))
+    assert.is_nil(ok)
+    assert.matches("not a regular file", err)
+    assert.is_true(fifo and link)
+    assert.same({ "f", "l" }, names)
+  end)
+
+  it("a loop of links: nil, message", function()
+    local dir = tempdir()
+    assert.is_true(sh(("ln -s b %s/a && ln -s a %s/b"):format(quote(dir), quote(dir))))
+    local ok, err = session(20):save(dir .. "/a")
+    local names = listing(dir)
+    sh("rm -rf " .. quote(dir))
+    assert.is_nil(ok)
+    assert.matches("symbolic links", err)
+    assert.same({ "a", "b" }, names)
+  end)
+end)
+
+-- ==== 5 ======================================================================
+
+describe("5: a save killed midway leaves no temporary file for ever", function()
+  it("kill -9 during saves of a 4 MiB session; the next save leaves only the file", function()
+    -- 4 layers x 128 f32 K and V values a token x 1024 tokens: 4 MiB a save;
+    -- prefilled once here, restored by each child
+    local big_path = tiny.llama { seed = 62, n_layer = 4, n_embd = 128, n_head = 2, n_head_kv = 2, n_ff = 32,
+      n_ctx = 2048 }
+    local seed = os.tmpname()
+    do
+      local big = assert(kvlua.load(big_path, { threads = 1 }))
+      local s = assert(big:session { ctx = 2048, ktype = "f32", vtype = "f32" })
+      assert(s:prefill(some_ids(1024, 64, 7), { logits = "none" }))
+      assert(s:save(seed))
+      big:close()
+    end
+    local build = os.getenv("KVLUA_BUILD") or "build"
+    local killed_mid_save = 0
+    for round = 1, 8 do
+      local dir = tempdir()
+      local target, ready = dir .. "/s.kv", dir .. "/ready"
+      local code = ([[
+        package.cpath = %q .. '/?.so;' .. package.cpath
+        package.path = 'luamod/?.lua;' .. package.path
+        local kvlua = require "kvlua"
+        local m = assert(kvlua.load(%q, { threads = 1 }))
+        local s = assert(kvlua.restore(m, %q))
+        assert(s:save(%q))
+        io.open(%q, "w"):close()
+        local t0 = os.time()
+        while os.time() < t0 + 60 do assert(s:save(%q)) end
+      ]]):format(build, big_path, seed, target, ready, target)
+      -- the child saves in a loop (for a minute at most); once it has saved
+      -- once it is killed 0.02 s * round later (the loop is nearly all save)
+      local cmd = ([[
+        exec 2>/dev/null
+        lua5.4 -e %s </dev/null >/dev/null 2>&1 & pid=$!
+        while [ ! -e %s ] && kill -0 $pid 2>/dev/null; do sleep 0.05; done
+        sleep %s; kill -9 $pid; wait $pid; test $? = 137
+      ]]):format(quote(code), quote(ready), tostring(0.02 * round))
+      assert.is_true(sh(cmd), "the child was killed by SIGKILL")
+      os.remove(ready)
+      local after_kill = listing(dir)
+      if #after_kill > 1 then killed_mid_save = killed_mid_save + 1 end
+      -- another save to the same path, from this process
+      local s = session(20)
+      assert.is_true(s:save(target))
+      local names = listing(dir)
+      local r = kvlua.restore(m, target)
+      sh("rm -rf " .. quote(dir))
+      assert.same({ "s.kv" }, names, "round " .. round .. ": left " .. table.concat(after_kill, " "))
+      assert.is_true(r ~= nil and same_next(s, r))
+      if killed_mid_save >= 2 then break end
+    end
+    os.remove(seed)
+    assert.is_true(killed_mid_save >= 1, "no kill landed in the middle of a save")
+  end)
+
+  it("a name of 250 bytes (the temporary name would pass 255): saved, nothing left beside it", function()
+    local dir = tempdir()
+    local name = ("n"):rep(247) .. ".kv"
+    local s = session(20)
+    assert.is_true(s:save(dir .. "/" .. name)) -- twice: the second replaces the first
+    assert.is_true(s:save(dir .. "/" .. name))
+    local r = kvlua.restore(m, dir .. "/" .. name)
+    assert.same({ name }, listing(dir))
+    assert.is_true(r ~= nil and same_next(s, r))
+  end)
+
+  it("two saves to one path at once: the second is refused while the first holds the file", function()
+    -- the first save is stood for by flock(1) holding the lock on the
+    -- temporary file, as a live save does (-o: flock keeps the lock itself,
+    -- so killing it lets the lock go)
+    local dir = tempdir()
+    local target, tmp, pidfile = dir .. "/s.kv", dir .. "/.s.kv.kvlua-tmp", os.tmpname()
+    local s = session(20)
+    assert.is_true(s:save(target))
+    assert.is_true(sh(("touch %s && { flock -o -x %s sleep 30 </dev/null >/dev/null 2>&1 & echo $! > %s; } && "
+      .. "i=0; while flock -n %s true && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; [ $i -lt 400 ]")
+      :format(quote(tmp), quote(tmp), quote(pidfile), quote(tmp))), "flock holds the lock")
+    local ok, err = session(30):save(target)
+    local r = kvlua.restore(m, target)
+    assert.is_true(sh(("kill -9 $(cat %s); i=0; while ! flock -n %s true && [ $i -lt 400 ]; do sleep 0.05; "
+      .. "i=$((i+1)); done; [ $i -lt 400 ]"):format(quote(pidfile), quote(tmp))), "the lock is let go")
+    os.remove(pidfile)
+    local s2 = session(30)
+    local ok2 = s2:save(target) -- the lock is gone: the stale file is taken over
+    local names = listing(dir)
+    local r2 = kvlua.restore(m, target)
+    sh("rm -rf " .. quote(dir))
+    assert.is_nil(ok)
+    assert.matches("another save to .* is under way", err)
+    assert.is_true(r ~= nil and same_next(s, r), "the file is the first save's")
+    assert.is_true(ok2)
+    assert.same({ "s.kv" }, names)
+    assert.is_true(r2 ~= nil and same_next(s2, r2))
+  end)
+end)
+
+-- ==== 6 ======================================================================
+
+describe("6: restoring what is not a regular file is refused at once", function()
+  it("a FIFO without a writer (in a child, under a timeout); into a cache too", function()
+    local dir = tempdir()
+    local fifo = dir .. "/f.kv"
+    assert.is_true(sh("mkfifo " .. quote(fifo)))
+    local out, rc = child(([[
+      local kvlua = require "kvlua"
+      local m = assert(kvlua.load(%q, { threads = 1 }))
+      print("session:", select(2, kvlua.restore(m, %q)))
+      local c = assert(kvlua.cache(m, { pages = 16 }))
+      print("cache:", select(2, kvlua.restore(m, %q, { cache = c })))
+    ]]):format(path, fifo, fifo), 20)
+    sh("rm -rf " .. quote(dir))
+    assert.equals(0, rc, out)
+    assert.matches("session:%s+restore: [^\n]*not a regular file", out)
+    assert.matches("cache:%s+restore: [^\n]*not a regular file", out)
+  end)
+
+  it("a directory", function()
+    local dir = tempdir()
+    local r, err = kvlua.restore(m, dir)
+    sh("rm -rf " .. quote(dir))
+    assert.is_nil(r)
+    assert.matches("not a regular file", err)
+  end)
+end)
+
+-- ==== a full disk (held already) ===============================================
+
+describe("a save that runs out of disk space", function()
+  it("nil, message; the old file as it was, no temporary file", function()
+    local dir = tempdir()
+    if not sh("mount -t tmpfs -o size=64k tmpfs " .. quote(dir) .. " 2>/dev/null") then
+      sh("rmdir " .. quote(dir))
+      return pending("cannot mount a small tmpfs here")
+    end
+    finally(function() sh("umount " .. quote(dir) .. " 2>/dev/null; rmdir " .. quote(dir)) end)
+    local small = session(10)
+    local ok0 = small:save(dir .. "/s.kv")
+    local big = session(400)
+    local ok, err = big:save(dir .. "/s.kv")
+    local names = listing(dir)
+    local r = kvlua.restore(m, dir .. "/s.kv")
+    sh("umount " .. quote(dir))
+    assert.is_true(ok0)
+    assert.is_nil(ok)
+    assert.matches("No space left", err)
+    assert.same({ "s.kv" }, names)
+    assert.is_true(r ~= nil and same_next(small, r))
+  end)
+end)
+
+-- ==== 3 (last): a device =====================================================
+
+describe("3 (a device): a save to /dev/null is refused, the device as it was", function()
+  it("nil, message; /dev/null still a character device, nothing beside it", function()
+    if not fifo_refused then
+      return pending("runs only once a save over a FIFO is refused (it would replace /dev/null as root)")
+    end
+    local before = listing("/dev")
+    local ok, err = session(20):save("/dev/null")
+    assert.is_nil(ok)
+    assert.matches("not a regular file", err)
+    assert.is_true(sh("test -c /dev/null"))
+    assert.same(before, listing("/dev"))
   end)
 end)
