@@ -1186,6 +1186,8 @@ kv_grammar_matcher *kv_grammar_matcher_retain(kv_grammar_matcher *m) {
     return m;
 }
 
+const kv_grammar_vocab *kv_grammar_matcher_vocab(const kv_grammar_matcher *m) { return m->gv; }
+
 void kv_grammar_matcher_free(kv_grammar_matcher *m) {
     if (!m || --m->refs > 0) return;
     kv_grammar_free(m->g);

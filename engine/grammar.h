@@ -79,6 +79,7 @@ size_t kv_grammar_vocab_nodes(const kv_grammar_vocab *gv); /* trie nodes */
 kv_status kv_grammar_matcher_new(kv_grammar *g, kv_grammar_vocab *gv, kv_grammar_matcher **out, kv_error *e);
 void kv_grammar_matcher_free(kv_grammar_matcher *m); /* NULL is fine */
 kv_grammar_matcher *kv_grammar_matcher_retain(kv_grammar_matcher *m);
+const kv_grammar_vocab *kv_grammar_matcher_vocab(const kv_grammar_matcher *m);
 
 /* Where a generation stands: copy it to fork. */
 typedef struct {

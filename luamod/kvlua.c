@@ -1376,6 +1376,10 @@ __attribute__((visibility("default"))) int luaopen_kvlua(lua_State *L) {
     l_logits_open(L);
     l_cache_open(L);
     luaL_newlib(L, l_funcs);
+    {
+        void l_grammar_open(lua_State *L); /* l_grammar.c: kvlua.grammar and its classes */
+        l_grammar_open(L);
+    }
     lua_pushstring(L, KVLUA_VERSION);
     lua_setfield(L, -2, "version");
     /* register the module before loading the Lua-side parts, which require it */

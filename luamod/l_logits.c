@@ -93,6 +93,15 @@ static void l_invalidate(LLogits *lg)
         lg->lse[r] = NAN;
 }
 
+float *l_logits_write(lua_State *L, int idx, int *n, int *rows)
+{
+    LLogits *lg = l_check(L, idx);
+    l_invalidate(lg);
+    if (n) *n = lg->n;
+    if (rows) *rows = lg->rows;
+    return lg->data;
+}
+
 /* ------------------------------------------------------------------------
  * Argument helpers
  * ------------------------------------------------------------------------ */

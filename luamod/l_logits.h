@@ -26,6 +26,10 @@ float *l_logits_push(lua_State *L, int n, int rows);
    otherwise). n and rows may be NULL. */
 float *l_logits_check(lua_State *L, int idx, int *n, int *rows);
 
+/* The same for writing in place (a C sampler stage masking tokens): the
+   cached log-sum-exp of the rows is dropped. */
+float *l_logits_write(lua_State *L, int idx, int *n, int *rows);
+
 /* Lua: kvlua.logits({1.0, 2.0, ...}) -> Logits (one row) from a plain array
    of numbers; kvlua.logits({{...}, {...}}) -> a multi-row Logits (rows of
    equal length). For tests and for users who score outside the engine.

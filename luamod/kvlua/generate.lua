@@ -24,6 +24,12 @@
 --               optional :accept(id); default greedy
 --   stop        array of strings; generation ends before any of them
 --   ignore_eog  keep going past end-of-generation tokens (default false)
+--   grammar     GBNF text (or a kvlua.grammar object): every token is drawn
+--               from those the grammar allows after the text so far (applied
+--               before the sampler's stages); generation ends with "grammar"
+--               when none is allowed, or when max_tokens comes before the
+--               grammar can end (s.grammar_error says which). A bad grammar
+--               ends it at once with "error: line L, column C: ..."
 --   on_token    function(id) called for every generated id
 --   on_full     function(s) called when the context is full; it may make room
 --               (s:shift{ keep =, drop = } or s:rewind(n)) and generation goes
@@ -33,8 +39,9 @@
 --
 -- The iterator yields text pieces that are always whole UTF-8 characters
 -- and never part of a stop string. It ends on EOG, max_tokens, a stop
--- string or an error; the reason is in s.finish_reason ("eog", "length",
--- "stop", or "error: <message>") and the generated ids in s.generated.
+-- string, a grammar or an error; the reason is in s.finish_reason ("eog",
+-- "length", "stop", "grammar", or "error: <message>") and the generated
+-- ids in s.generated.
 --
 -- With logprobs = k, each piece comes with a second value: the records of
 -- the tokens generated since the previous piece (a token whose text is held
@@ -77,6 +84,9 @@ local function check_opts(opts)
   if opts.prompt ~= nil and type(opts.prompt) ~= "string" and type(opts.prompt) ~= "table" then
     error("generate: prompt must be a string or an array of token ids", 3)
   end
+  if opts.grammar ~= nil and type(opts.grammar) ~= "string" and type(opts.grammar) ~= "userdata" then
+    error("generate: grammar must be GBNF text or a kvlua.grammar object", 3)
+  end
   if opts.logprobs ~= nil and (math.type(opts.logprobs) ~= "integer" or opts.logprobs < 0) then
     error("generate: logprobs must be a non-negative integer (alternatives per token)", 3)
   end
@@ -101,11 +111,45 @@ end
 -- The live iterator of each session (weak keys: a dropped session goes).
 local live = setmetatable({}, { __mode = "k" })
 
+-- The sampler with a grammar state in front: the Logits are masked first
+-- (a clone: the session's stay as they are), then sampled as before.
+local function with_grammar(sampler, gstate)
+  local w = {}
+  function w:sample(l)
+    local work = l:clone()
+    local left, allowed = gstate:mask(work)
+    if left == nil then return nil, "grammar: " .. tostring(allowed) end
+    if left == 0 then return nil, "grammar: no token of the vocabulary is allowed here" end
+    local id, err
+    if sampler then id, err = sampler:sample(work) else id = work:argmax() end
+    w.final = sampler and sampler.final or work
+    return id, err
+  end
+  function w:accept(id)
+    gstate:accept(id)
+    if sampler and sampler.accept then sampler:accept(id) end
+  end
+  return w
+end
+
 local function generate(vocab, s, opts)
   opts = check_opts(opts)
   local max_tokens = opts.max_tokens or 128
   local stops = opts.stop or {}
   local sampler = opts.sampler
+  local gstate
+  s.grammar_error = nil
+  if opts.grammar ~= nil then
+    local g, gerr = opts.grammar, nil
+    if type(g) == "string" then g, gerr = kvlua.grammar(g) end
+    if g then g, gerr = g:state(s.model) end
+    if not g then
+      s.finish_reason = "error: " .. gerr
+      return function() return nil end
+    end
+    gstate = g
+    sampler = with_grammar(sampler, gstate)
+  end
   s.finish_reason = nil
 
   local ids = opts.prompt
@@ -166,9 +210,22 @@ local function generate(vocab, s, opts)
       end
     end
     while not done do
-      if produced >= max_tokens then finish("length"); break end
+      if produced >= max_tokens then
+        if gstate and not gstate:can_end() then
+          s.grammar_error = "grammar: max_tokens reached before the grammar could end"
+          finish("grammar")
+        else
+          finish("length")
+        end
+        break
+      end
       local id
       if sampler then id, err = sampler:sample(logits) else id = logits:argmax() end
+      if not id and gstate and tostring(err):sub(1, 8) == "grammar:" then
+        s.grammar_error = err
+        finish("grammar")
+        break
+      end
       if not id then finish("error: " .. tostring(err)); break end
       if sampler and sampler.accept then sampler:accept(id) end
       produced = produced + 1

@@ -14,6 +14,7 @@
 --     sampling.typical(1.0), sampling.temperature(0.8), sampling.dist{seed = 42},
 --   }
 --   local id, err = s:sample(logits)   -- nil, "non-finite logits" on NaN/+inf
+--   sampling.grammar(model, 'root ::= "yes" | "no"')  -- a stage, in any position
 --   s:accept(id)                       -- history for penalties
 --
 --   sampling.from_opts{temp=, top_k=, top_p=, min_p=, typical=,
@@ -270,6 +271,59 @@ function M.dist(opts)
     return l:softmax_sample(self.rng:random())
   end
   function st:reset() self.rng = M.rng(self.seed) end
+  return st
+end
+
+--- grammar(model, gbnf [, {root=}]) or grammar(gbnf [, {model=, root=}])
+--- -> stage | nil, err. A GBNF grammar (llama.cpp's dialect, compiled by
+--- kvlua.grammar: a bad one is nil, "line L, column C: ...") as a stage:
+--- it masks every token the grammar refuses after the text accepted so far
+--- (end-of-generation tokens only where the grammar can end), and
+--- chain:accept(id) advances it. The mask needs the model's vocabulary:
+--- give the model, or bind it later with stage:bind(model) (s:generate
+--- binds its session's model). When nothing is left the chain's sample
+--- returns nil, "grammar: ..." (s:generate ends with finish_reason
+--- "grammar"). Its accept raises for a token the grammar refuses: feed it
+--- generated tokens only, not a prompt.
+function M.grammar(a, b, c)
+  local model, text, opts
+  if type(a) == "string" then text, opts = a, b else model, text, opts = a, b, c end
+  if type(text) ~= "string" then error("sampling.grammar: GBNF text expected", 2) end
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then error("sampling.grammar: options must be a table", 2) end
+  model = model or opts.model
+  local g, err = require("kvlua").grammar(text, { root = opts.root })
+  if not g then return nil, err end
+  local st = stage("grammar", { mutates = true, grammar = g })
+  function st:bind(m)
+    self.model = m
+    local state, e = g:state(m)
+    if not state then error("sampling.grammar: " .. e, 2) end
+    self.state = state
+    return self
+  end
+  function st:apply(l)
+    if not self.state then
+      return nil, "grammar: the stage has no model (sampling.grammar(model, text) or stage:bind(model))"
+    end
+    local left, allowed = self.state:mask(l)
+    if left == nil then return nil, allowed end
+    if left == 0 then
+      if allowed == 0 then
+        return nil, "grammar: no token of the vocabulary is allowed here (the grammar cannot go on with this vocabulary)"
+      end
+      return nil, ("grammar: the %d tokens the grammar allows here were all removed by earlier stages"):format(allowed)
+    end
+  end
+  function st:accept(id)
+    if not self.state then return end
+    local ok, e = self.state:accept(id)
+    if not ok then error("sampling.grammar: " .. e, 3) end
+  end
+  function st:reset()
+    if self.model then self.state = g:state(self.model) end
+  end
+  if model ~= nil then st:bind(model) end
   return st
 end
 
