@@ -6,7 +6,10 @@
 --   {"id": "q2", "messages": [{"role": "user", "content": "Hi"}]}   chat (the model's template)
 -- with optional per-item sampling: temp, top_k, top_p, min_p, repeat_penalty,
 -- seed, max_tokens, stop (a string or an array of strings), logprobs (K,
--- as --logprobs; null or absent: the command line's). Options the
+-- as --logprobs; null or absent: the command line's), json_schema (a JSON
+-- schema the text must follow: kvlua.json_schema; an object has no key
+-- order here, so required properties come in "required" order, optional
+-- ones by name). Options the
 -- line leaves out come from the command line; the default seed of an item
 -- is --seed plus its line number, so a sampled item gives the same text
 -- whichever shard or batch runs it.
@@ -159,6 +162,13 @@ local function request(line, item, bad)
       repeat_penalty = item_opt(item, "repeat_penalty", o.repeat_penalty),
       seed = item_opt(item, "seed", o.seed + line),
     }
+    if item.json_schema ~= nil and item.json_schema ~= json.null then
+      local t = type(item.json_schema)
+      if t ~= "table" and t ~= "string" and t ~= "boolean" then error("json_schema must be a JSON schema", 0) end
+      local st, serr = sampling.json_schema(model, item.json_schema)
+      if not st then error(serr, 0) end
+      req.sampler = sampling.chain { st, table.unpack(req.sampler.stages) }
+    end
   end)
   if not ok then
     req.error = tostring(e):gsub("^[^\n:]*%.lua:%d+: ", "") -- (a module's position: not the item's business)

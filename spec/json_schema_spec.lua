@@ -9,16 +9,49 @@
 --             ISO dates and UUIDs;
 --   complete  hand-written instances are matched or refused as the schema
 --             says (and integer ranges number by number, by arithmetic).
+-- Where the module has the engine's grammar (kvlua.grammar), every match is
+-- asked of it too and must agree, and generation under json_schema runs end
+-- to end (tiny model and SmolLM2), its outputs validated the same way.
 -- Unsupported keywords give nil, a message naming them.
 local json_schema = require "kvlua.json_schema"
 local json = require "kvlua.json"
 local gbnf = require "spec.support.gbnf"
 local files = require "spec.support.files"
 
+-- The engine's grammar (kvlua.grammar), when the module has it, and a
+-- tiny model whose vocabulary its states need.
+local kvlua = require "kvlua"
+local tiny = require "spec.support.tiny_models"
+local engine_model
+local function engine()
+  if not kvlua.grammar then return nil end
+  if not engine_model then engine_model = assert(kvlua.load(tiny.llama { vocab = "bytes", seed = 9 }, { threads = 1 })) end
+  return engine_model
+end
+teardown(function()
+  if engine_model then engine_model:close() end
+  tiny.cleanup()
+end)
+
+-- The schema's grammar, read by the spec's reader; with the engine's
+-- grammar at hand, every g:match asks both and checks they agree.
 local function grammar(schema)
   local text, err = json_schema.to_gbnf(schema)
   assert(text, err)
-  return gbnf.parse(text), text
+  local g = gbnf.parse(text)
+  local m = engine()
+  if m then
+    local eg = assert(kvlua.grammar(text))
+    local read = g.match
+    g.match = function(self, str)
+      local r = read(self, str)
+      local st = eg:state(m)
+      local e = (st:accept_text(str) and st:can_end()) and true or false
+      assert.equals(r, e, "the engine's grammar and the spec's reader agree on " .. str)
+      return r
+    end
+  end
+  return g, text
 end
 
 -- ==== Python's jsonschema ======================================================
@@ -372,5 +405,128 @@ describe("json_schema.to_gbnf: what it does not support is refused by name", fun
   it("misuse raises", function()
     assert.has_error(function() json_schema.to_gbnf(42) end,
       "json_schema.to_gbnf: a schema (table or JSON text) expected, got number")
+  end)
+end)
+
+-- ==== end to end =================================================================
+
+describe("generation under a JSON schema (kvlua.grammar)", function()
+  local sampling = require "kvlua.sampling"
+  local models = require "spec.support.models"
+
+  -- Everything bounded (enums, ranges, maxLength, maxItems; whitespace is),
+  -- so a finished generation ends on EOG, whatever the weights.
+  local BOUNDED = [[{"type": "object", "properties": {
+    "name": {"enum": ["search", "calc"]},
+    "n": {"type": "integer", "minimum": -50, "maximum": 500},
+    "tag": {"type": "string", "maxLength": 6},
+    "ok": {"type": "boolean"},
+    "when": {"type": "string", "format": "date"},
+    "list": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 3}},
+    "required": ["name", "n"]}]]
+
+  local function need()
+    if not kvlua.grammar then return "this build has no kvlua.grammar" end
+    if not has_python then return "python3 with jsonschema not available (pip install jsonschema)" end
+  end
+
+  -- Generates once per sampler and validates every text with Python.
+  local function run(m, prompt, schema_text, samplers, max_tokens, via_stage)
+    local texts = {}
+    for i, sampler in ipairs(samplers) do
+      local s = assert(m:session { ctx = 4096 })
+      local opts = { prompt = prompt, max_tokens = max_tokens, sampler = sampler }
+      if via_stage then
+        opts.sampler = sampling.chain { assert(sampling.json_schema(m, schema_text)), table.unpack(sampler.stages) }
+      else
+        opts.json_schema = schema_text
+      end
+      local out = {}
+      for piece in s:generate(opts) do out[#out + 1] = piece end
+      assert.equals("eog", s.finish_reason, "run " .. i .. ": " .. table.concat(out))
+      texts[i] = table.concat(out)
+      s:close()
+    end
+    for i, msg in ipairs(validate(schema_text, texts)) do
+      assert.is_false(msg, ("run %d: %s\n%s"):format(i, texts[i], tostring(msg)))
+    end
+    return texts
+  end
+
+  local function samplers(seeds, temp)
+    local out = { sampling.from_opts { temp = 0 } }
+    for _, seed in ipairs(seeds) do out[#out + 1] = sampling.from_opts { temp = temp, seed = seed, top_k = 0, top_p = 1, min_p = 0 } end
+    return out
+  end
+
+  it("tiny model: s:generate{json_schema =}, greedy and 8 seeds, and as a sampling stage", function()
+    local why = need()
+    if why then return pending(why) end
+    local m = engine()
+    local texts = run(m, { 1 }, BOUNDED, samplers({ 1, 2, 3, 4, 5, 6, 7, 8 }, 1.0), 1500)
+    assert.is_true(#texts == 9)
+    run(m, { 1 }, BOUNDED, samplers({ 11, 12, 13 }, 1.0), 1500, true)
+    run(m, { 1 }, TOOLS:gsub('"query": {"type": "string"}', '"query": {"type": "string", "maxLength": 8}'),
+      samplers({ 21, 22, 23 }, 1.0), 1500)
+  end)
+
+  it("SmolLM2: a tool call, greedy and 3 seeds", function()
+    local why = need()
+    if why then return pending(why) end
+    local path = models.path("smollm2")
+    if not path then return pending("SmolLM2 not available") end
+    local m = assert(kvlua.load(path, { threads = 2 }))
+    local prompt = m:tokenize("Call the weather tool for Paris as JSON.\n", { add_special = true, parse_special = false })
+    local schema = TOOL:gsub('"minLength": 1, "maxLength": 40', '"minLength": 1, "maxLength": 12')
+    local texts = run(m, prompt, schema, samplers({ 1, 2, 3 }, 0.8), 300)
+    m:close()
+    assert.equals(4, #texts)
+  end)
+
+  it("batch-generate: an item's json_schema (and one it cannot honour fails alone)", function()
+    local why = need()
+    if why then return pending(why) end
+    local S = require "spec.support.scripts"
+    local path = tiny.llama { vocab = "bytes", seed = 9 }
+    local lines = {}
+    for k = 1, 4 do
+      lines[k] = json.encode { id = "j" .. k, prompt = "Hi", json_schema = json.decode(BOUNDED), seed = k, temp = 1.0,
+        top_k = 0, top_p = 1, min_p = 0 }
+    end
+    lines[5] = '{"id": "bad", "prompt": "Hi", "json_schema": {"type": "string", "format": "email"}}'
+    lines[6] = '{"id": "plain", "prompt": "Hi", "max_tokens": 3}'
+    local input = files.write_temp(table.concat(lines, "\n") .. "\n")
+    local r = S.run("batch-generate.lua", { "--model", path, "--file", input, "--max-tokens", "1500", "--ctx", "2048",
+      "--quiet", "--no-timings", "--batch", "3" })
+    assert.equals(1, r.rc, S.explain(r))
+    local out = S.jsonl_lines(r.out)
+    assert.equals(6, #out)
+    local texts = {}
+    for k = 1, 4 do
+      assert.equals("eog", out[k].finish_reason)
+      texts[k] = out[k].text
+    end
+    for k, msg in ipairs(validate(BOUNDED, texts)) do assert.is_false(msg, texts[k] .. "\n" .. tostring(msg)) end
+    assert.equals("json_schema: #: unsupported format 'email' (supported: date, time, date-time, uuid)", out[5].error)
+    assert.equals("length", out[6].finish_reason)
+  end)
+
+  it("a schema it cannot honour ends s:generate at once, naming it; misuse raises", function()
+    if not kvlua.grammar then return pending("this build has no kvlua.grammar") end
+    local m = engine()
+    local s = assert(m:session { ctx = 64 })
+    local n = 0
+    for _ in s:generate { prompt = { 1 }, json_schema = '{"type": "integer", "multipleOf": 2}' } do n = n + 1 end
+    assert.equals(0, n)
+    assert.equals("error: json_schema: #: unsupported keyword 'multipleOf'", s.finish_reason)
+    local st, err = sampling.json_schema(m, { type = "string", format = "email" })
+    assert.is_nil(st)
+    assert.equals("json_schema: #: unsupported format 'email' (supported: date, time, date-time, uuid)", err)
+    assert.has_error(function() s:generate { json_schema = 3 } end,
+      "generate: json_schema must be a JSON schema (table or JSON text)")
+    assert.has_error(function() s:generate { json_schema = {}, grammar = 'root ::= "x"' } end,
+      "generate: give grammar or json_schema, not both")
+    assert.has_error(function() sampling.json_schema(m, 3) end,
+      "sampling.json_schema: a JSON schema (table or JSON text) expected")
   end)
 end)

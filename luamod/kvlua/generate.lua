@@ -30,6 +30,10 @@
 --               when none is allowed, or when max_tokens comes before the
 --               grammar can end (s.grammar_error says which). A bad grammar
 --               ends it at once with "error: line L, column C: ..."
+--   json_schema a JSON schema (table or JSON text): as grammar = the GBNF
+--               kvlua.json_schema writes for it (every finished text is JSON
+--               the schema accepts); one it cannot honour ends generation at
+--               once with "error: json_schema: <where>: ..."
 --   on_token    function(id) called for every generated id
 --   on_full     function(s) called when the context is full; it may make room
 --               (s:shift{ keep =, drop = } or s:rewind(n)) and generation goes
@@ -65,6 +69,7 @@
 
 local kvlua = require "kvlua"
 local logprobs = require "kvlua.logprobs"
+local json_schema = require "kvlua.json_schema"
 
 local function check_opts(opts)
   if opts == nil then return {} end
@@ -89,6 +94,13 @@ local function check_opts(opts)
   end
   if opts.logprobs ~= nil and (math.type(opts.logprobs) ~= "integer" or opts.logprobs < 0) then
     error("generate: logprobs must be a non-negative integer (alternatives per token)", 3)
+  end
+  if opts.json_schema ~= nil then
+    local t = type(opts.json_schema)
+    if t ~= "table" and t ~= "string" and t ~= "boolean" then
+      error("generate: json_schema must be a JSON schema (table or JSON text)", 3)
+    end
+    if opts.grammar ~= nil then error("generate: give grammar or json_schema, not both", 3) end
   end
   return opts
 end
@@ -134,6 +146,17 @@ end
 
 local function generate(vocab, s, opts)
   opts = check_opts(opts)
+  if opts.json_schema ~= nil then -- its grammar, then as grammar =
+    local text, jerr = json_schema.to_gbnf(opts.json_schema)
+    if not text then
+      s.finish_reason = "error: " .. jerr
+      return function() return nil end
+    end
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.grammar, o.json_schema = text, nil
+    opts = o
+  end
   local max_tokens = opts.max_tokens or 128
   local stops = opts.stop or {}
   local sampler = opts.sampler

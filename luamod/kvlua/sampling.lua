@@ -439,4 +439,22 @@ function M.from_opts(o)
   }
 end
 
+--- json_schema(model, schema) or json_schema(schema [, {model=}])
+--- -> stage | nil, err: sampling.grammar of the GBNF kvlua.json_schema
+--- writes for a JSON schema (a table or JSON text); an unsupported keyword
+--- gives nil, "json_schema: <where>: ..." naming it.
+function M.json_schema(a, b, c)
+  local model, schema, opts
+  if type(a) == "userdata" then model, schema, opts = a, b, c else schema, opts = a, b end
+  if type(schema) ~= "table" and type(schema) ~= "string" and type(schema) ~= "boolean" then
+    error("sampling.json_schema: a JSON schema (table or JSON text) expected", 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error("sampling.json_schema: options must be a table", 2) end
+  local text, err = require("kvlua.json_schema").to_gbnf(schema)
+  if not text then return nil, err end
+  local o = { model = opts and opts.model }
+  if model ~= nil then return M.grammar(model, text, o) end
+  return M.grammar(text, o)
+end
+
 return M
