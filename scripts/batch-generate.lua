@@ -21,7 +21,7 @@
 -- carries "logprobs" in the OpenAI completions shape, one entry per token:
 --   {"tokens": [text...], "token_logprobs": [model log-prob...],
 --    "top_logprobs": [{text: log-prob, ...} (the K best and the token)...],
---    "text_offset": [byte offset in "text"...], "token_ids": [...],
+--    "text_offset": [character offset from the prompt's start...], "token_ids": [...],
 --    "sampler_logprobs": [log-prob under the sampler's distribution...],
 --    "top_token_ids": [[the K best ids]...]}
 -- (see kvlua.logprobs; a stop string's last tokens are listed too).
@@ -156,6 +156,10 @@ local function request(line, item, bad)
         #req.prompt, req.max_tokens, cli.MAX_CTX), 0)
     end
     req.logprobs = item_opt(item, "logprobs", o.logprobs)
+    if req.logprobs then -- (text_offset counts from the prompt's start, as OpenAI's)
+      req.prompt_text = type(item.prompt) == "string" and item.prompt
+        or chat.render(model, item.messages, { add_generation_prompt = true })
+    end
     req.sampler = sampling.from_opts {
       temp = item_opt(item, "temp", o.temp), top_k = item_opt(item, "top_k", o.top_k),
       top_p = item_opt(item, "top_p", o.top_p), min_p = item_opt(item, "min_p", o.min_p),
@@ -188,7 +192,9 @@ local function record(r)
   local rec = { id = req.id, text = r.text, tokens = #r.ids, prompt_tokens = r.prompt_tokens,
     finish_reason = r.finish_reason }
   if o.ids then rec.ids = json.array(r.ids) end
-  if r.logprobs then rec.logprobs = logprobs.openai(r.logprobs, json.null, json.array) end
+  if r.logprobs then
+    rec.logprobs = logprobs.openai(r.logprobs, { null = json.null, array = json.array, prompt = req.prompt_text })
+  end
   if not o.no_timings then
     rec.ttft = r.ttft
     rec.tokens_per_s = r.tokens_per_s

@@ -130,6 +130,29 @@ describe("s:generate{logprobs = k}", function()
     check(m, PROMPT, ids, s.logprobs, 3, nil, piece)
   end)
 
+  it("under a grammar: logprob is over the tokens the grammar allows, raw_logprob over all", function()
+    if not kvlua.grammar then return pending("this build has no kvlua.grammar") end
+    local text = 'root ::= "{" [a-z]{1,6} ("," [0-9])? "}"'
+    for _, sampler in ipairs { false, sampling.from_opts { temp = 0.9, seed = 5, top_k = 0, top_p = 1, min_p = 0 } } do
+      local s = assert(m:session { ctx = 64 })
+      for _ in s:generate { prompt = PROMPT, max_tokens = 20, logprobs = 2, grammar = text, sampler = sampler or nil } do end
+      local st = assert(kvlua.grammar(text)):state(m)
+      local masked = function(l) -- the grammar's mask as the pick saw it, then the chain's temperature
+        assert(st:mask(l))
+        if sampler then l:scale(1 / 0.9, l:get(l:argmax())) end
+        return l
+      end
+      local ls = replay(m, PROMPT, s.generated)
+      check(m, PROMPT, s.generated, s.logprobs, 2, nil, piece)
+      for i, id in ipairs(s.generated) do
+        local want = masked(ls[i]:clone()):logprob(id)
+        assert.is_true(want == s.logprobs[i].logprob, ("logprob %d: %s vs %s"):format(i, want, s.logprobs[i].logprob))
+        assert.is_true(s.logprobs[i].logprob >= s.logprobs[i].raw_logprob)
+        assert(st:accept(id))
+      end
+    end
+  end)
+
   it("is off by default and checks its option", function()
     local s = assert(m:session { ctx = 64 })
     for p, extra in s:generate { prompt = PROMPT, max_tokens = 2 } do assert.is_nil(extra) end
@@ -194,13 +217,18 @@ describe("batch-generate --logprobs K", function()
       local prompt = m:tokenize(({ "The capital of France is", "1, 2, 3,", "Hi" })[i],
         { add_special = true, parse_special = false })
       local ls = replay(m, prompt, line.ids)
-      local offset = 0
+      local ptext = ({ "The capital of France is", "1, 2, 3,", "Hi" })[i]
+      local offset = utf8.len(ptext) -- text_offset counts characters from the prompt's start
       for t, id in ipairs(line.ids) do
         local l = ls[t]
         local text = m:piece(id, false)
         assert.equals(text, lp.tokens[t])
         assert.equals(offset, lp.text_offset[t])
-        offset = offset + #text
+        if utf8.len(ptext .. line.text) and utf8.len(text) then -- the token's text is found at its offset
+          local at = utf8.offset(ptext .. line.text, lp.text_offset[t] + 1)
+          assert.equals(text, (ptext .. line.text):sub(at, at + #text - 1))
+        end
+        offset = offset + select(2, text:gsub("[^\128-\191]", ""))
         assert.is_true(l:logprob(id) == lp.token_logprobs[t], "token_logprobs " .. t)
         local final = i == 2 and from_opts_final(0.8, 40, 0.95, 0.05)(l:clone()):logprob(id) or l:logprob(id)
         assert.is_true(final == lp.sampler_logprobs[t], "sampler_logprobs " .. t)

@@ -4,7 +4,7 @@
 --   local logprobs = require "kvlua.logprobs"
 --   local rec = logprobs.record(logits, id, k, sampler, piece)
 --   --> { id =, text =, logprob =, raw_logprob =, top = { {id =, text =, logprob =}, ... } }
---   local lp = logprobs.openai(records)   -- the completions API's "logprobs" object
+--   local lp = logprobs.openai(records, {prompt = text})  -- the completions API's "logprobs" object
 --
 -- raw_logprob is Logits:logprob(id) of the model's logits; logprob is the
 -- same over sampler.final, the Logits the sampler picked from (a
@@ -45,27 +45,41 @@ local function finite(x)
   return x
 end
 
---- logprobs.openai(records [, null]) -> the legacy completions "logprobs"
---- object: { tokens = {text...}, token_logprobs = {raw...}, top_logprobs =
---- { {[text] = raw, ...}, ... } (the k best and the sampled token, as
---- OpenAI's API writes them), text_offset = {byte offset of each token in
---- the completion's text, from 0} } and kvlua's extras: token_ids,
+-- Characters of a text as OpenAI counts them: code points, a byte that is
+-- no UTF-8 continuation byte starting one (so a token ending inside a
+-- character counts it, and the next token does not count it again).
+local function chars(text)
+  local n = 0
+  for i = 1, #text do
+    local b = text:byte(i)
+    if b < 0x80 or b >= 0xC0 then n = n + 1 end
+  end
+  return n
+end
+
+--- logprobs.openai(records [, {null =, array =, prompt =}]) -> the legacy
+--- completions "logprobs" object: { tokens = {text...}, token_logprobs =
+--- {raw...}, top_logprobs = { {[text] = raw, ...}, ... } (the k best and
+--- the sampled token, as OpenAI's API writes them), text_offset = {each
+--- token's character offset from the start of the prompt (opts.prompt, its
+--- text; "" when not given)} } and kvlua's extras: token_ids,
 --- sampler_logprobs (logprob under the sampler's distribution) and
---- top_token_ids (the k best ids, best first). null (e.g. json.null)
---- stands for a missing or non-finite number; arrays are marked with
---- mark(t) when given (json.array, so that empty ones encode as []).
-function M.openai(records, null, mark)
-  mark = mark or function(t) return t end
+--- top_token_ids (the k best ids, best first). opts.null (e.g. json.null)
+--- stands for a missing or non-finite number; opts.array(t) marks arrays
+--- (json.array, so that empty ones encode as []).
+function M.openai(records, opts)
+  opts = opts or {}
+  local null, mark = opts.null, opts.array or function(t) return t end
   local out = { tokens = mark {}, token_logprobs = mark {}, top_logprobs = mark {}, text_offset = mark {},
     token_ids = mark {}, sampler_logprobs = mark {}, top_token_ids = mark {} }
-  local offset = 0
+  local offset = chars(opts.prompt or "")
   for i, r in ipairs(records) do
     out.tokens[i] = r.text
     out.token_ids[i] = r.id
     out.token_logprobs[i] = finite(r.raw_logprob) or null
     out.sampler_logprobs[i] = finite(r.logprob) or null
     out.text_offset[i] = offset
-    offset = offset + #r.text
+    offset = offset + chars(r.text)
     local top, ids = {}, mark {}
     for j, t in ipairs(r.top) do
       if top[t.text] == nil then top[t.text] = finite(t.logprob) or null end
