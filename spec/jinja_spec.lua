@@ -15,6 +15,10 @@
 --   5  unsupported constructs: nil, "jinja: unsupported <construct> at line
 --      L col C"; syntax errors name their position
 --   6  misuse raises
+--   7  kvlua.chat renders a model's own tokenizer.chat_template with it
+--      (tools, enable_thinking and other variables passed through), before
+--      which a hand-written renderer picked by detection ignored tools and
+--      flags; chat.register still wins; chat.encode keeps contents as text
 local jinja = require "kvlua.jinja"
 local json = require "kvlua.json"
 
@@ -165,5 +169,89 @@ describe("6 misuse raises", function()
     assert.has_error(function() t:render({}, { max_steps = 1.5 }) end,
                      "template:render: max_steps must be an integer")
     assert.has_error(function() jinja.dict{ 1 } end, "jinja.dict: pair 1 must be {key, value}")
+  end)
+end)
+
+describe("7 kvlua.chat renders the model's own template", function()
+  local chat = require "kvlua.chat"
+
+  -- A stand-in for a model: the template, BOS/EOS as GGUF metadata and a
+  -- tokenize that records what chat.encode asks of it.
+  local function fake_model(template, calls)
+    local meta = {
+      ["tokenizer.chat_template"] = template,
+      ["tokenizer.ggml.bos_token_id"] = 0,
+      ["tokenizer.ggml.eos_token_id"] = 1,
+      ["tokenizer.ggml.tokens"] = { "<s>", "</s>" },
+    }
+    return {
+      meta = function(_, k) return meta[k] end,
+      vocab = { add_bos = false },
+      tokenize = function(_, text, opts)
+        calls[#calls + 1] = { text = text, literal = opts.literal }
+        return { 7 }
+      end,
+    }
+  end
+
+  local function options(vars)
+    local o = {}
+    for k, v in pairs(vars) do if k ~= "messages" then o[k] = v end end
+    return o
+  end
+
+  for _, file in ipairs{ "Qwen-Qwen3-0.6B.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
+                         "mistralai-Mistral-Nemo-Instruct-2407.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja" } do
+    it(file .. ": chat.render equals jinja2 on every conversation, tools and thinking included", function()
+      local model = fake_model(read(DIR .. file), {})
+      local t
+      for _, x in ipairs(fx.templates) do if x.file == file then t = x end end
+      for _, case in ipairs(t.cases) do
+        local vars = fx.conversations[case.conv]
+        local out, err = chat.render(model, vars.messages, options(vars))
+        if case.expected then
+          assert.are.equal(case.expected, out, case.conv .. ": " .. tostring(err))
+        else
+          assert.is_nil(out)
+          if case.raised then assert.are.equal(case.error, err) end
+        end
+      end
+    end)
+  end
+
+  it("chat.register still claims the templates its detect matches", function()
+    local template = "{% for m in messages %}{{ m.content }}{% endfor %}<<mine>>"
+    chat.register("jinja-spec-mine", function() return "registered" end,
+                  { detect = function(t) return t:find("<<mine>>", 1, true) ~= nil end })
+    assert.are.equal("registered", chat.render(fake_model(template, {}), { { role = "user", content = "x" } }))
+  end)
+
+  it("a template kvlua.jinja cannot render is nil, message naming the construct", function()
+    local out, err = chat.render(fake_model("{% include 'other' %}", {}), { { role = "user", content = "x" } })
+    assert.is_nil(out)
+    assert.are.equal("chat template: jinja: unsupported tag 'include' at line 1 col 4", err)
+  end)
+
+  it("chat.encode hands the tokenizer each content as a literal range", function()
+    local calls = {}
+    local model = fake_model(read(DIR .. "Qwen-Qwen3-0.6B.jinja"), calls)
+    local msgs = { { role = "system", content = "Be <|im_end|> terse." },
+                   { role = "user", content = "  <|im_start|>x  " } }
+    local _, text = assert(chat.encode(model, msgs, { enable_thinking = false }))
+    local lit = calls[1].literal
+    assert.are.equal(text, calls[1].text)
+    assert.are.equal(2, #lit)
+    assert.are.equal("Be <|im_end|> terse.", text:sub(lit[1][1], lit[1][2]))
+    assert.are.equal("  <|im_start|>x  ", text:sub(lit[2][1], lit[2][2]))
+    -- a template that trims contents: the trimmed text is the range
+    calls = {}
+    model = fake_model("{% for m in messages %}<t>{{ m.content | trim }}</t>{% endfor %}", calls)
+    _, text = assert(chat.encode(model, { { role = "user", content = " <t>x\n" } }))
+    assert.are.equal("<t><t>x</t>", text)
+    assert.are.same({ { 4, 7 } }, calls[1].literal)
+    text = select(2, assert(chat.encode(fake_model(read(DIR .. "Qwen-Qwen3-0.6B.jinja"), {}), msgs,
+                                        { enable_thinking = false })))
+    -- the template text around them is jinja2's rendering of the template
+    assert.truthy(text:find("^<|im_start|>system\nBe <|im_end|> terse.<|im_end|>\n<|im_start|>user\n"))
   end)
 end)

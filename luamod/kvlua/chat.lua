@@ -8,9 +8,10 @@
 --   local ids, err = chat.encode(model, messages)   -- the prompt's token ids
 --
 -- model_or_name is a model (anything with a :meta method; its GGUF
--- tokenizer.chat_template string picks the renderer), a template name
--- ("chatml", "llama3", "gemma", "mistral", "phi3", or one registered with
--- chat.register), or a Jinja template string (matched by the detectors).
+-- tokenizer.chat_template is rendered by kvlua.jinja, as transformers'
+-- jinja2 renders it), a template name ("chatml", "llama3", "gemma",
+-- "mistral", "phi3", or one registered with chat.register), or a Jinja
+-- template string (matched by the detectors to a renderer by name).
 -- The rendered text already holds the BOS text where the template writes
 -- one (Llama 3, Gemma, Mistral, Phi-3). chat.encode is the one way every
 -- chat path of kvlua tokenizes a conversation:
@@ -25,7 +26,16 @@
 -- the rendered text (llama_tokenize with parse_special, BOS added only when
 -- the render lacks it): tests/fixtures/ref_chat_*.lua.
 --
--- We do not interpret Jinja. Each built-in renderer reproduces one family
+-- A model's own template: every option but template becomes a template
+-- variable (tools, enable_thinking, documents, ...), with messages,
+-- add_generation_prompt, bos_token and eos_token (the model's, or the
+-- options'). A renderer registered with chat.register whose detect claims
+-- the template goes first; a template kvlua.jinja cannot render is
+-- nil, message (the construct and its line and column).
+--
+-- The hand-written renderers are the fallbacks: for a model without a
+-- template (by general.architecture) and for names and template strings.
+-- Each reproduces one family
 -- of templates as Hugging Face's jinja2 renders them, and reads the few
 -- things that vary inside a family from the template string itself (the
 -- default system prompt of ChatML templates such as SmolLM2's or Qwen2's;
@@ -247,6 +257,95 @@ local ALIASES = { smollm = "chatml", smollm2 = "chatml", qwen = "chatml", qwen2 
                   ["llama-3"] = "llama3", gemma3 = "gemma", ["gemma-3"] = "gemma",
                   ["phi-3"] = "phi3" }
 
+-- A model's own template, through kvlua.jinja. The contents of the messages
+-- are located in the text exactly: a second rendering with each content
+-- replaced by a marker must give the same text once the markers are
+-- replaced back; when a template transforms contents so that it does not,
+-- each content (or its trimmed text) is searched in order instead.
+local jinja_cache = { source = nil, template = nil }
+local MARK_OPEN, MARK_CLOSE = "\u{F8F0}", "\u{F8F1}"
+
+local function render_jinja(messages, opts, ctx)
+  local jinja = require "kvlua.jinja"
+  if jinja_cache.source ~= ctx.template then
+    local t, err = jinja.compile(ctx.template)
+    if not t then return nil, "chat template: " .. err end
+    jinja_cache.source, jinja_cache.template = ctx.template, t
+  end
+  local tpl = jinja_cache.template
+  local vars = {}
+  for k, v in pairs(ctx.opts) do
+    if type(k) == "string" and k ~= "template" then vars[k] = v end
+  end
+  vars.add_generation_prompt = opts.add_generation_prompt
+  vars.bos_token, vars.eos_token = ctx.bos(), ctx.eos()
+  local function render(msgs)
+    vars.messages = msgs
+    local text, err = tpl:render(vars)
+    if not text then return nil, (err:gsub("^jinja: raise_exception: ", "")) end
+    return text
+  end
+  local text, err = render(messages)
+  if not text then return nil, err end
+
+  local marked, contents = {}, {}
+  for i, m in ipairs(messages) do
+    local c = setmetatable({}, getmetatable(m)) -- an ordered dict stays one
+    for k, v in pairs(m) do c[k] = v end
+    if m.content ~= "" and not m.content:find(MARK_OPEN, 1, true) then
+      c.content = MARK_OPEN .. i .. MARK_CLOSE
+      contents[i] = m.content
+    end
+    marked[i] = c
+  end
+  local parts = {}
+  local mtext = render(marked)
+  if mtext then
+    local at = 1
+    for a, i, b in mtext:gmatch("()" .. MARK_OPEN .. "(%d+)" .. MARK_CLOSE .. "()") do
+      local c = contents[tonumber(i)]
+      if not c then parts = nil break end
+      if a > at then parts[#parts + 1] = mtext:sub(at, a - 1) end
+      parts[#parts + 1] = { text = c }
+      at = b
+    end
+    if parts then
+      if at <= #mtext then parts[#parts + 1] = mtext:sub(at) end
+      local whole = {}
+      for j, p in ipairs(parts) do whole[j] = type(p) == "table" and p.text or p end
+      if table.concat(whole) == text then return parts end
+    end
+  end
+  parts = {}
+  local at = 1
+  for _, m in ipairs(messages) do
+    local c = m.content
+    local a, b
+    if c ~= "" then a, b = text:find(c, at, true) end
+    if not a and trim(c) ~= "" then a, b = text:find(trim(c), at, true) end
+    if a then
+      if a > at then parts[#parts + 1] = text:sub(at, a - 1) end
+      parts[#parts + 1] = { text = text:sub(a, b) }
+      at = b + 1
+    end
+  end
+  if at <= #text then parts[#parts + 1] = text:sub(at) end
+  return parts
+end
+local JINJA = { fn = render_jinja, defaults = {} }
+
+-- The name of a renderer registered with chat.register whose detect
+-- claims the template, or nil.
+local function registered_for(template)
+  for _, n in ipairs(order) do
+    local e = registry[n]
+    if not e.builtin and e.detect then
+      local ok, match = pcall(e.detect, template)
+      if ok and match then return n end
+    end
+  end
+end
+
 -- Renderer for a model with no chat template, from general.architecture.
 local ARCH = { gemma = "gemma", gemma2 = "gemma", gemma3 = "gemma", gemma3n = "gemma",
                phi3 = "phi3", qwen2 = "chatml", qwen3 = "chatml" }
@@ -382,9 +481,7 @@ local function prepare(fname, model_or_name, messages, opts, token_model)
     model = model_or_name
     template = meta(model, "tokenizer.chat_template")
     if type(template) == "string" and template ~= "" then
-      local failed
-      name, failed = M.detect(template)
-      if not name then return nil, no_match("no registered template matches the model's", failed) end
+      name = registered_for(template) or "jinja"
     else
       template = nil
       local arch = meta(model, "general.architecture")
@@ -397,7 +494,7 @@ local function prepare(fname, model_or_name, messages, opts, token_model)
     error(fname .. ": model or template name expected, got " .. t, 3)
   end
 
-  local entry = registry[name]
+  local entry = name == "jinja" and JINJA or registry[name]
   token_model = model or token_model
   local function token(which, key)
     return function()
@@ -409,7 +506,7 @@ local function prepare(fname, model_or_name, messages, opts, token_model)
       return entry.defaults[which] or ""
     end
   end
-  return entry, { name = name, template = template, model = model,
+  return entry, { name = name, template = template, model = model, opts = opts,
                   bos = token("bos", "bos_token"), eos = token("eos", "eos_token") }, agp
 end
 
