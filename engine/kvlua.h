@@ -187,7 +187,12 @@ typedef struct {
  * duplicates) into chosen and their count. Fewer than need means the
  * request fails with "cache full". A failure status aborts the request
  * with nothing evicted. Called only between forward passes, never while
- * the pool is inconsistent. */
+ * the pool is inconsistent. Nothing it does can change the evaluation that
+ * called it: meanwhile the pool takes, evicts and pins nothing (those calls
+ * fail with KV_ERR_ARG, kv_cache_clear evicts nothing) and the sessions of
+ * the evaluation refuse every change (kv_session_rewind leaves them as they
+ * are); closing one of them is not allowed. Its answer is checked again
+ * once it returns. */
 typedef kv_status (*kv_evict_fn)(void *ud, const kv_evict_candidate *cands, int n, int need,
                                  int32_t *chosen, int *n_chosen, kv_error *e);
 
