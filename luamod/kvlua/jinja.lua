@@ -34,8 +34,8 @@
 -- namespace attributes, block form), {% macro %} with defaults and
 -- {% call %}/caller, {% filter %}, {% raw %}, {% generation %}
 -- (transformers' assistant-mask tag, rendered as its body), comments and
--- whitespace control ({%- -%}, {%+ ... %}). Filters: abs, capitalize,
--- count, d, default, dictsort, e, escape, first, float, indent, int, items,
+-- whitespace control ({%- -%}, {%+ ... %}). Filters: abs, batch,
+-- capitalize, center, count, d, default, dictsort, e, escape, first, float, indent, int, items,
 -- join, last, length, list, lower, map, max, min, reject, rejectattr,
 -- replace, reverse, round, safe, select, selectattr, sort, string, sum,
 -- title, tojson, trim, unique, upper, wordcount. Tests: boolean, callable,
@@ -587,7 +587,7 @@ local function lex(src)
         local c = src:sub(k, k)
         if src:sub(k, k + 1) == close then i = k + 2 break end
         if (c == "-" or (c == "+" and kind == "block")) and src:sub(k + 1, k + 2) == close then
-          if c == "-" then tag.close_minus = true end
+          if c == "-" then tag.close_minus = true else tag.close_plus = true end
           i = k + 3
           break
         end
@@ -660,7 +660,7 @@ local function lex(src)
           local ws = text:match("^%s*")
           text = text:sub(#ws + 1)
           line_starting = ws:sub(-1) == "\n"
-        elseif prev.kind ~= "var" and text:sub(1, 1) == "\n" then
+        elseif prev.kind ~= "var" and not prev.close_plus and text:sub(1, 1) == "\n" then
           text = text:sub(2)
           line_starting = true
         end
@@ -1446,11 +1446,18 @@ local function contains(container, item, pos)
   fail("argument of type '" .. type_name(container) .. "' is not iterable", pos)
 end
 
-local function compare(op, a, b, pos)
+local compare
+function compare(op, a, b, pos)
   if op == "==" then return deep_eq(a, b) end
   if op == "!=" then return not deep_eq(a, b) end
   if op == "in" then return contains(b, a, pos) end
   if op == "notin" then return not contains(b, a, pos) end
+  if is_list(a) and is_list(b) then
+    for i = 1, math.min(#a, #b) do
+      if not deep_eq(a[i], b[i]) then return compare(op, a[i], b[i], pos) end
+    end
+    return compare(op, #a, #b, pos)
+  end
   local ta, tb = type(a), type(b)
   if ta == "boolean" then a = a and 1 or 0 ta = "number" end
   if tb == "boolean" then b = b and 1 or 0 tb = "number" end
@@ -1478,6 +1485,7 @@ local function arith(ctx, op, a, b, pos)
       for i = 1, #a do out[i] = a[i] end
       for i = 1, #b do out[#out + 1] = b[i] end
       ctx:step(pos)
+      if getmetatable(a) == TUPLE and getmetatable(b) == TUPLE then return new_tuple(out) end
       return new_list(out)
     end
   end
@@ -1717,7 +1725,22 @@ local function make_macro(ctx, def_scope, name, params, defaults, body, pos)
   return callable(function(args, kwargs, cpos)
     local caller = kwargs.caller
     kwargs.caller = nil
-    local bound = bind(name, params, args, kwargs, cpos)
+    -- extra positional arguments are varargs, unknown keywords kwargs
+    local n = args.n or #args
+    local extra = {}
+    for i = #params + 1, n do extra[#extra + 1] = args[i] end
+    local known = { n = math.min(n, #params) }
+    for i = 1, known.n do known[i] = args[i] end
+    local kw, extra_kw = {}, new_dict()
+    local kw_names = {}
+    for k in pairs(kwargs) do kw_names[#kw_names + 1] = k end
+    table.sort(kw_names)
+    for _, k in ipairs(kw_names) do
+      local is_param = false
+      for _, p in ipairs(params) do if p == k then is_param = true break end end
+      if is_param then kw[k] = kwargs[k] else dict_set(extra_kw, k, kwargs[k]) end
+    end
+    local bound = bind(name, params, known, kw, cpos)
     ctx.depth = ctx.depth + 1
     if ctx.depth > ctx.max_depth then fail("macro calls nest deeper than " .. ctx.max_depth, cpos) end
     local s = new_scope(def_scope)
@@ -1729,6 +1752,8 @@ local function make_macro(ctx, def_scope, name, params, defaults, body, pos)
       s.vars[p] = v
     end
     if caller then s.vars.caller = caller end
+    s.vars.varargs = new_tuple(extra)
+    s.vars.kwargs = extra_kw
     local out = {}
     local saved = ctx.size
     exec(ctx, s, body, out)
@@ -2145,7 +2170,36 @@ FILTERS = {
   length = function(_, v, _, _, pos) return length(v, pos) end,
   upper = function(_, v) return str_arg(v):upper() end,
   lower = function(_, v) return str_arg(v):lower() end,
-  title = function(_, v) return title(str_arg(v)) end,
+  title = function(_, v)
+    return (str_arg(v):gsub("([^%s%-({%[<]*)", function(w)
+      local first = w:match("^[%z\1-\127\194-\244][\128-\191]*") or ""
+      return first:upper() .. w:sub(#first + 1):lower()
+    end))
+  end,
+  center = function(_, v, a, kw)
+    local s = str_arg(v)
+    local width = arg(a, kw, 1, "width", 80)
+    local n = str_len(s)
+    if math.type(width) ~= "integer" or width <= n then return s end
+    local total = width - n
+    local left = total // 2 + (total & width & 1)
+    return string.rep(" ", left) .. s .. string.rep(" ", total - left)
+  end,
+  batch = function(_, v, a, kw, pos)
+    local size = arg(a, kw, 1, "linecount")
+    if math.type(size) ~= "integer" or size < 1 then fail("batch: linecount must be a positive integer", pos) end
+    local fill = arg(a, kw, 2, "fill_with")
+    local out, cur = {}, {}
+    for _, x in ipairs(iter_items(v, pos)) do
+      cur[#cur + 1] = x
+      if #cur == size then out[#out + 1] = new_list(cur) cur = {} end
+    end
+    if #cur > 0 then
+      if fill ~= nil then while #cur < size do cur[#cur + 1] = fill end end
+      out[#out + 1] = new_list(cur)
+    end
+    return new_gen(out)
+  end,
   capitalize = function(_, v) return capitalize(str_arg(v)) end,
   replace = function(ctx, v, a, kw, pos)
     return replace(ctx, str_arg(v), arg(a, kw, 1, "old"), arg(a, kw, 2, "new"), arg(a, kw, 3, "count"), pos)
@@ -2322,12 +2376,17 @@ FILTERS = {
     local prec = arg(a, kw, 1, "precision", 0)
     local method = arg(a, kw, 2, "method", "common")
     local x = to_num(v, "round", v, pos)
-    local m = 10 ^ prec
-    local r
-    if method == "floor" then r = math.floor(x * m) / m
-    elseif method == "ceil" then r = math.ceil(x * m) / m
-    else r = (x >= 0 and math.floor(x * m + 0.5) or math.ceil(x * m - 0.5)) / m end
-    return r + 0.0
+    if math.type(prec) ~= "integer" then fail("round: precision must be an integer", pos) end
+    if method == "floor" or method == "ceil" then
+      local m = 10 ^ prec
+      return math[method](x * m) / m
+    end
+    if method ~= "common" then fail("round: method must be common, ceil or floor", pos) end
+    if math.type(x) == "integer" then return x end
+    -- Python's round(): the nearest at that precision, ties to even, on
+    -- the exact binary value, as C's printf rounds
+    if prec < 0 or prec > 300 then fail("unsupported round precision", pos) end
+    return tonumber(string.format("%." .. prec .. "f", x)) + 0.0
   end,
   sum = function(ctx, v, a, kw, pos)
     local attribute = arg(a, kw, 1, "attribute")
