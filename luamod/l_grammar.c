@@ -6,7 +6,8 @@
  *   local st = g:state(model)        -- the start of a sentence, for model's vocabulary
  *   local left = st:mask(logits)     -- refused tokens -> -inf; tokens left
  *   st:accept(id)                    -- true | nil, err (st unchanged)
- *   st:accept_text(s), st:can_end(), st:can_continue(), st:clone(), st:allowed()
+ *   st:allows(id), st:accept_text(s), st:can_end(), st:can_continue(), st:clone(),
+ *   st:allowed(), st:stats()
  *
  * Sharing: the vocabulary's trie is built once per model (a weak table in
  * the registry, keyed by the Model userdata) and the matcher (the lazily
@@ -311,6 +312,18 @@ static int l_gstate_accept(lua_State *L) {
     return 1;
 }
 
+/* st:allows(id) --> whether the grammar takes token id next (the state
+ * does not move): a greedy pick checked before any mask is computed */
+static int l_gstate_allows(lua_State *L) {
+    l_gstate *ls = l_gstate_check(L, 1);
+    int32_t id = l_check_token(L, 2);
+    kv_grammar_state t = ls->st;
+    kv_error e;
+    lua_pushboolean(L, id < kv_grammar_vocab_n(kv_grammar_matcher_vocab(ls->m)) &&
+                           kv_grammar_accept_token(ls->m, &t, id, &e) == KV_OK);
+    return 1;
+}
+
 /* st:accept_text(s) --> true | nil, message (bytes as if generated) */
 static int l_gstate_accept_text(lua_State *L) {
     l_gstate *ls = l_gstate_check(L, 1);
@@ -396,6 +409,7 @@ void l_grammar_open(lua_State *L) {
         {"mask", l_gstate_mask},
         {"allowed", l_gstate_allowed},
         {"accept", l_gstate_accept},
+        {"allows", l_gstate_allows},
         {"accept_text", l_gstate_accept_text},
         {"can_end", l_gstate_can_end},
         {"can_continue", l_gstate_can_continue},

@@ -363,6 +363,35 @@ describe("s:generate{grammar =} on tiny random models", function()
   end
 end)
 
+describe("greedy generate{grammar =} checks the argmax before any mask", function()
+  teardown(function() tiny.cleanup() end)
+
+  it("gives what a full mask every token gives", function()
+    local m = assert(kvlua.load(tiny.llama{ vocab = "bytes", seed = 11 }, { backend = "cpu" }))
+    for _, g in ipairs{ JSON_SMALL, ARITH_SMALL, LIST, UNICODE } do
+      local s = m:session{ ctx = 256 }
+      local lazy = { generate(s, { prompt = "Hello", grammar = g, max_tokens = 60 }) }
+      local full = { generate(s, { prompt = "Hello", max_tokens = 60,
+                                    sampler = sampling.chain{ assert(sampling.grammar(m, g)), sampling.greedy() } }) }
+      -- the stage ends with the chain's "error: grammar: ..." where generate{grammar =} says "grammar"
+      if full[2]:find("^error: grammar: ") then full[2] = "grammar" end
+      assert.same(full, lazy)
+      s:close()
+    end
+    m:close()
+  end)
+
+  it("st:allows(id) answers without moving the state", function()
+    local m = assert(kvlua.load(tiny.llama{ vocab = "bytes" }, { backend = "cpu" }))
+    local st = assert(kvlua.grammar('root ::= "ab"')):state(m)
+    assert.is_true(st:allows(tiny.id(0x61)))
+    assert.is_false(st:allows(tiny.id(0x62)))
+    assert.is_false(st:allows(2))
+    assert.is_true(st:allows(tiny.id(0x61))) -- still at the start
+    m:close()
+  end)
+end)
+
 -- ==== 4. finish_reason "grammar" =============================================
 
 describe("finish_reason = \"grammar\"", function()

@@ -125,9 +125,16 @@ local live = setmetatable({}, { __mode = "k" })
 
 -- The sampler with a grammar state in front: the Logits are masked first
 -- (a clone: the session's stay as they are), then sampled as before.
-local function with_grammar(sampler, gstate)
+-- Greedy without a sampler (and without logprobs, which report the masked
+-- distribution) first checks the argmax: when the grammar takes it, it is
+-- the argmax of the masked Logits too, and no mask is computed.
+local function with_grammar(sampler, gstate, lazy)
   local w = {}
   function w:sample(l)
+    if lazy then
+      local id = l:argmax()
+      if l:get(id) > -math.huge and gstate:allows(id) then return id end
+    end
     local work = l:clone()
     local left, allowed = gstate:mask(work)
     if left == nil then return nil, "grammar: " .. tostring(allowed) end
@@ -171,7 +178,7 @@ local function generate(vocab, s, opts)
       return function() return nil end
     end
     gstate = g
-    sampler = with_grammar(sampler, gstate)
+    sampler = with_grammar(sampler, gstate, sampler == nil and not opts.logprobs)
   end
   s.finish_reason = nil
 
