@@ -731,7 +731,7 @@ function Parser:enter()
   self.depth = self.depth + 1
   if self.depth > 200 then fail("template nests too deep", self:pos()) end
 end
-function Parser:leave() self.depth = self.depth - 1 end
+function Parser:leave(n) self.depth = self.depth - (n or 1) end
 
 local parse_expr
 
@@ -858,8 +858,13 @@ function Parser:subscript(node)
   return { "slice", node, parts[1], parts[2], parts[3], pos = pos }
 end
 
+-- Loops that wrap a node in a new one (a.b.c, x|f|g, a + b + c) count
+-- each level as nesting, so no AST (and no evaluation) nests past 200.
 function Parser:postfix(node)
+  local n = 0
   while true do
+    self:enter()
+    n = n + 1
     if self:is_op(".") then
       local pos = self:next().pos
       local tk = self:next()
@@ -877,6 +882,7 @@ function Parser:postfix(node)
       local args, kwargs = self:call_args()
       node = { "call", node, args, kwargs, pos = pos }
     else
+      self:leave(n)
       return node
     end
   end
@@ -893,7 +899,10 @@ function Parser:filter_name()
 end
 
 function Parser:filters(node)
+  local n = 0
   while true do
+    self:enter()
+    n = n + 1
     if self:is_op("|") then
       self:next()
       local name, pos = self:filter_name()
@@ -921,6 +930,7 @@ function Parser:filters(node)
       local args, kwargs = self:call_args()
       node = { "call", node, args, kwargs, pos = pos }
     else
+      self:leave(n)
       return node
     end
   end
@@ -943,19 +953,27 @@ end
 
 function Parser:pow()
   local left = self:unary()
+  local n = 0
   while self:is_op("**") do
+    self:enter()
+    n = n + 1
     local pos = self:next().pos
     left = { "bin", "**", left, self:unary(), pos = pos }
   end
+  self:leave(n)
   return left
 end
 
 function Parser:math2()
   local left = self:pow()
+  local n = 0
   while self:is_op("*") or self:is_op("/") or self:is_op("//") or self:is_op("%") do
+    self:enter()
+    n = n + 1
     local tk = self:next()
     left = { "bin", tk.v, left, self:pow(), pos = tk.pos }
   end
+  self:leave(n)
   return left
 end
 
@@ -970,10 +988,14 @@ end
 
 function Parser:math1()
   local left = self:concat()
+  local n = 0
   while self:is_op("+") or self:is_op("-") do
+    self:enter()
+    n = n + 1
     local tk = self:next()
     left = { "bin", tk.v, left, self:concat(), pos = tk.pos }
   end
+  self:leave(n)
   return left
 end
 
@@ -1014,19 +1036,27 @@ end
 
 function Parser:and_expr()
   local left = self:not_expr()
+  local n = 0
   while self:is_name("and") do
+    self:enter()
+    n = n + 1
     local pos = self:next().pos
     left = { "and", left, self:not_expr(), pos = pos }
   end
+  self:leave(n)
   return left
 end
 
 function Parser:or_expr()
   local left = self:and_expr()
+  local n = 0
   while self:is_name("or") do
+    self:enter()
+    n = n + 1
     local pos = self:next().pos
     left = { "or", left, self:and_expr(), pos = pos }
   end
+  self:leave(n)
   return left
 end
 
@@ -1034,13 +1064,17 @@ function parse_expr(self, no_cond)
   self:enter()
   local e = self:or_expr()
   if not no_cond then
+    local n = 0
     while self:is_name("if") do
+      self:enter()
+      n = n + 1
       local pos = self:next().pos
       local cond = self:or_expr()
       local other
       if self:accept("name", "else") then other = parse_expr(self, true) end
       e = { "cond", cond, e, other, pos = pos }
     end
+    self:leave(n)
   end
   self:leave()
   return e
