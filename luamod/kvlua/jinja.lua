@@ -30,7 +30,7 @@
 --
 -- Supported: {{ }}, {% if/elif/else %}, {% for ... in ... [if ...] %} with
 -- else, loop.index/index0/revindex/revindex0/first/last/length/previtem/
--- nextitem/cycle/depth, break/continue, {% set %} (names, tuples,
+-- nextitem/cycle/changed/depth, break/continue, {% set %} (names, tuples,
 -- namespace attributes, block form), {% macro %} with defaults and
 -- {% call %}/caller, {% filter %}, {% raw %}, {% generation %}
 -- (transformers' assistant-mask tag, rendered as its body), comments and
@@ -46,7 +46,8 @@
 -- String methods: capitalize, count, endswith, find, format ({} and {name}
 -- fields), isalnum, isalpha, isdigit, islower, isspace, isupper, join,
 -- lower, lstrip, replace, rfind, rsplit, rstrip, split, splitlines,
--- startswith, strip, title, upper; dict methods: get, items, keys, values;
+-- startswith, strip, title, upper (case mapping beyond ASCII: Latin-1,
+-- Latin Extended-A, Greek, Cyrillic); dict methods: get, items, keys, values;
 -- list methods: count, index. Methods that would mutate a list or dict
 -- (append, pop, update, ...) fail as the immutable sandbox makes them fail.
 --
@@ -581,12 +582,14 @@ local function lex(src)
       local close = kind == "var" and "}}" or "%}"
       local toks = {}
       local k = j
+      local braces = 0 -- open { of dict literals: their } does not close the tag
       while true do
         k = src:find("[^ \t\n]", k)
         if not k then fail("unclosed " .. (kind == "var" and "{{" or "{%"), tag.pos) end
         local c = src:sub(k, k)
-        if src:sub(k, k + 1) == close then i = k + 2 break end
-        if (c == "-" or (c == "+" and kind == "block")) and src:sub(k + 1, k + 2) == close then
+        local at_close = braces == 0 or kind ~= "var"
+        if at_close and src:sub(k, k + 1) == close then i = k + 2 break end
+        if at_close and (c == "-" or (c == "+" and kind == "block")) and src:sub(k + 1, k + 2) == close then
           if c == "-" then tag.close_minus = true else tag.close_plus = true end
           i = k + 3
           break
@@ -624,6 +627,7 @@ local function lex(src)
           end
           if not op then fail("unexpected character '" .. c .. "'", p) end
           toks[#toks + 1] = { t = "op", v = op, pos = p }
+          if op == "{" then braces = braces + 1 elseif op == "}" and braces > 0 then braces = braces - 1 end
           k = k + #op
         end
       end
@@ -1844,6 +1848,7 @@ function exec(ctx, scope, nodes, out)
       end
       local n = #items
       local loop = new_dict()
+      local changed_last
       for i = 1, n do
         ctx:step(node.pos)
         local s = new_scope(scope)
@@ -1855,6 +1860,12 @@ function exec(ctx, scope, nodes, out)
         loop.depth, loop.depth0 = 1, 0
         loop.previtem = i > 1 and items[i - 1] or undef("previtem")
         loop.nextitem = i < n and items[i + 1] or undef("nextitem")
+        loop.changed = callable(function(args)
+          local key = new_list{ table.unpack(args, 1, args.n or #args) }
+          if changed_last ~= nil and deep_eq(changed_last, key) then return false end
+          changed_last = key
+          return true
+        end, "changed")
         loop.cycle = callable(function(args)
           if (args.n or #args) == 0 then fail("no items for cycling given", node.pos) end
           return args[(i - 1) % (args.n or #args) + 1]
@@ -1959,12 +1970,60 @@ local function split(s, sep, maxsplit, pos)
   return new_list(out)
 end
 
-local function title(s)
-  -- Python's str.title: a letter after a non-letter is upper, others lower
-  return (s:gsub("(%a?)(%a*)", function(a, b) return a:upper() .. b:lower() end))
+
+-- Python's str.upper/lower beyond ASCII, for Latin-1, Latin Extended-A,
+-- Greek and Cyrillic (ß upper-cases to SS); other scripts keep their case.
+local UP, LO = {}, {}
+local function pair(lower, upper) UP[lower] = upper LO[upper] = lower end
+for cp = 0xE0, 0xFE do if cp ~= 0xF7 then pair(cp, cp - 0x20) end end
+pair(0xFF, 0x178)
+for cp = 0x100, 0x137, 2 do pair(cp + 1, cp) end
+for cp = 0x139, 0x148, 2 do pair(cp + 1, cp) end
+for cp = 0x14A, 0x177, 2 do pair(cp + 1, cp) end
+for cp = 0x179, 0x17E, 2 do pair(cp + 1, cp) end
+for cp = 0x3B1, 0x3C9 do if cp ~= 0x3C2 then pair(cp, cp - 0x20) end end
+pair(0x3AC, 0x386) pair(0x3AD, 0x388) pair(0x3AE, 0x389) pair(0x3AF, 0x38A)
+pair(0x3CC, 0x38C) pair(0x3CD, 0x38E) pair(0x3CE, 0x38F)
+for cp = 0x430, 0x44F do pair(cp, cp - 0x20) end
+for cp = 0x450, 0x45F do pair(cp, cp - 0x50) end
+UP[0x3C2] = 0x3A3 -- final sigma
+UP[0xB5] = 0x39C  -- micro sign
+
+local function map_case(s, ascii, map, extra)
+  if not s:find("[\128-\255]") or not utf8.len(s) then return ascii(s) end
+  local out = {}
+  for _, cp in utf8.codes(s) do
+    if cp < 128 then out[#out + 1] = ascii(string.char(cp))
+    elseif extra and extra[cp] then out[#out + 1] = extra[cp]
+    else out[#out + 1] = utf8.char(map[cp] or cp) end
+  end
+  return table.concat(out)
+end
+local SHARP_S = { [0xDF] = "SS" }
+local function u_upper(s) return map_case(s, string.upper, UP, SHARP_S) end
+local function u_lower(s) return map_case(s, string.lower, LO) end
+local function is_letter(c)
+  if #c == 1 then return c:find("%a") ~= nil end
+  local cp = utf8.codepoint(c)
+  return cp >= 0xC0 and cp ~= 0xD7 and cp ~= 0xF7
 end
 
-local function capitalize(s) return s:sub(1, 1):upper() .. s:sub(2):lower() end
+local function title(s)
+  -- Python's str.title: a letter after a non-letter is upper, others lower
+  local out, prev_letter = {}, false
+  for i, c in ipairs(chars(s)) do
+    local letter = is_letter(c)
+    out[i] = letter and (prev_letter and u_lower(c) or u_upper(c)) or c
+    prev_letter = letter
+  end
+  return table.concat(out)
+end
+
+local function capitalize(s)
+  local cs = chars(s)
+  if #cs == 0 then return "" end
+  return u_upper(cs[1]) .. u_lower(table.concat(cs, "", 2))
+end
 
 local function replace(ctx, s, old, new, count, pos)
   if type(old) ~= "string" or type(new) ~= "string" then fail("replace: arguments must be strings", pos) end
@@ -2053,8 +2112,8 @@ STR_METHODS = {
   endswith = function(_, s, a, _, pos)
     return affix_test(s, a[1], "endswith", function(x, p) return p == "" or x:sub(-#p) == p end, pos)
   end,
-  upper = function(_, s) return s:upper() end,
-  lower = function(_, s) return s:lower() end,
+  upper = function(_, s) return u_upper(s) end,
+  lower = function(_, s) return u_lower(s) end,
   title = function(_, s) return title(s) end,
   capitalize = function(_, s) return capitalize(s) end,
   replace = function(ctx, s, a, kw, pos) return replace(ctx, s, a[1], a[2], arg(a, kw, 3, "count"), pos) end,
@@ -2175,7 +2234,7 @@ end
 
 local function sort_key(ctx, v, attribute, case_sensitive, pos)
   if attribute ~= nil and attribute ~= NONE then v = attr_path(ctx, v, attribute, pos) end
-  if type(v) == "string" and not case_sensitive then v = v:lower() end
+  if type(v) == "string" and not case_sensitive then v = u_lower(v) end
   return v
 end
 
@@ -2202,12 +2261,12 @@ FILTERS = {
                                  arg(a, kw, 3, "separators"), arg(a, kw, 4, "sort_keys")), pos)
   end,
   length = function(_, v, _, _, pos) return length(v, pos) end,
-  upper = function(_, v) return str_arg(v):upper() end,
-  lower = function(_, v) return str_arg(v):lower() end,
+  upper = function(_, v) return u_upper(str_arg(v)) end,
+  lower = function(_, v) return u_lower(str_arg(v)) end,
   title = function(_, v)
     return (str_arg(v):gsub("([^%s%-({%[<]*)", function(w)
       local first = w:match("^[%z\1-\127\194-\244][\128-\191]*") or ""
-      return first:upper() .. w:sub(#first + 1):lower()
+      return u_upper(first) .. u_lower(w:sub(#first + 1))
     end))
   end,
   center = function(_, v, a, kw)
@@ -2243,7 +2302,7 @@ FILTERS = {
     local attribute = arg(a, kw, 2, "attribute")
     local parts = {}
     for i, x in ipairs(iter_items(v, pos)) do
-      if attribute ~= nil then x = attr_path(ctx, x, attribute, pos) end
+      if attribute ~= nil and attribute ~= NONE then x = attr_path(ctx, x, attribute, pos) end
       parts[i] = to_str(x)
     end
     return ctx:check_size(table.concat(parts, to_str(sep)), pos)
@@ -2389,7 +2448,7 @@ FILTERS = {
     local idx = by == "value" and 2 or 1
     return sorted(ctx, items_of(v), function(p)
       local k = p[idx]
-      if type(k) == "string" and not cs then k = k:lower() end
+      if type(k) == "string" and not cs then k = u_lower(k) end
       return k
     end, reverse, pos)
   end,
@@ -2426,7 +2485,7 @@ FILTERS = {
     local attribute = arg(a, kw, 1, "attribute")
     local total = arg(a, kw, 2, "start", 0)
     for _, x in ipairs(iter_items(v, pos)) do
-      if attribute ~= nil then x = attr_path(ctx, x, attribute, pos) end
+      if attribute ~= nil and attribute ~= NONE then x = attr_path(ctx, x, attribute, pos) end
       total = arith(ctx, "+", total, x, pos)
     end
     return total
@@ -2477,8 +2536,8 @@ TESTS = {
     if d == 0 then fail("integer division or modulo by zero", pos) end
     return to_num(v, "divisibleby", d, pos) % d == 0
   end,
-  lower = function(_, v) return type(v) == "string" and v:lower() == v end,
-  upper = function(_, v) return type(v) == "string" and v:upper() == v end,
+  lower = function(_, v) return type(v) == "string" and u_lower(v) == v end,
+  upper = function(_, v) return type(v) == "string" and u_upper(v) == v end,
   escaped = function() return false end,
   sameas = function(_, v, a)
     if type(v) == "table" or type(a[1]) == "table" then return rawequal(v, a[1]) end

@@ -230,6 +230,12 @@ SNIPPETS = [
     "{{ 'hello wORLD'.title() }} {{ \"they're\".title() }} {{ \"they're bill's-x (y\" | title }}",
     "{{ 2.5 | round }} {{ 3.5 | round }} {{ -2.5 | round }} {{ 2.45 | round(1) }} {{ 7 | round }} {{ 2.5 | round(0, 'floor') }}",
     "{{ items | batch(2) | list }} {{ items | batch(2, 'x') | list }} [{{ 'x' | center(6) }}] [{{ 'ab' | center(5) }}]",
+    # (round 3) loop.changed, }} inside dict literals, case mapping beyond ASCII
+    "{% for i in [1, 1, 2, 1] %}{{ loop.changed(i) }},{% endfor %}",
+    "{{ {'a': {'b': {'c': 1}}}.a.b.c }} {{ {'k': [1, {'x': 2}]}['k'][1].x }}",
+    "{{ 'ÉCOLE Ωμέγα Привет' | lower }} {{ 'çava straße' | upper }} {{ 'éa ÀB'.title() }} {{ 'émile'.capitalize() }}"
+    " {{ ['b', 'É', 'a', 'é'] | sort }} {{ 'é' is lower }}",
+    "{{ [1, 2, 3] | join(', ', attribute=none) }} {{ msgs | map(attribute='role') | join(' ') }}",
     "{{ 'a' + 1 }}",
     "{{ nope.attr }}",
     "{{ raise_exception('custom failure') }}",
