@@ -140,7 +140,7 @@ kv_status kvcl_attention(kvcl_ctx *c, const kvcl_pages *pg, const kv_attn_params
     /* one split: the output's records for the product that reads it (whole blocks a head) */
     int nbx = 0;
     const int64_t cols = (int64_t)ap->n_head * ap->head_dim_v;
-    cl_mem rec = s.n_split == 1 && ap->head_dim_v % 32 == 0 ? kvcl_xq_target(c, cols, T, &nbx) : NULL;
+    cl_mem rec = s.n_split == 1 && ap->head_dim_v % 32 == 0 ? kvcl_xq_target(c, cols, T, NULL, &nbx) : NULL;
     /* decode on a CPU driver: attention_row, an item per (query head, split) */
     const bool row = T == 1 && c->gemv == KVCL_GEMV_ROW;
     kvcl_launch L = kvcl_launch_begin(c, row ? c->attention_row : c->attention);

@@ -28,7 +28,8 @@ extern const int kvcl_kernel_count;
 
 /* ---- context ---- */
 
-#define KVCL_XREC_SLOTS 4 /* row widths with records at once (n_embd, n_ff, attention's) */
+#define KVCL_XREC_SLOTS 4 /* records buffers at once: n_embd, n_ff and attention's widths (two of one width a
+                           * fused op reads and writes) */
 
 /* the kernels of one weight type (matmul.cl; the *_i8 ones matmul_i8.cl,
  * for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K, NULL for the others) */
@@ -118,8 +119,12 @@ kv_status kvcl_scratch(kvcl_ctx *c, size_t bytes, cl_mem *out, kv_error *e);
 /* Where a kernel writing x(T, cols) should write its records too (the
  * buffer, *nbx its blocks per row), or NULL: not an integer-kernel device,
  * cols not a multiple of 32, or no room (then the product quantizes x
- * itself). kvcl_xq_set after the launch says they are there. */
-cl_mem kvcl_xq_target(kvcl_ctx *c, int64_t cols, int64_t T, int *nbx);
+ * itself). Never the buffer avoid (NULL: none), the records the same
+ * launch reads: a fused kernel whose input and output have one width
+ * (n_ff = n_embd, or attention's width) would overwrite blocks that its
+ * other work-groups still read. kvcl_xq_set after the launch says they
+ * are there. */
+cl_mem kvcl_xq_target(kvcl_ctx *c, int64_t cols, int64_t T, cl_mem avoid, int *nbx);
 void kvcl_xq_set(kvcl_ctx *c, cl_mem x, size_t off, int64_t cols, int64_t T, cl_mem rec);
 
 /* The single part of a buffer meant for activations (error when split). */

@@ -306,15 +306,20 @@ static bool int_path(const kvcl_weight *w) { return w->packed; }
 
 #define XREC_MAX (64u << 20) /* bytes of one width's records at most */
 
-cl_mem kvcl_xq_target(kvcl_ctx *c, int64_t cols, int64_t T, int *nbx) {
+cl_mem kvcl_xq_target(kvcl_ctx *c, int64_t cols, int64_t T, cl_mem avoid, int *nbx) {
     if (!c->int_dot || cols <= 0 || cols % 32 || cols > INT32_MAX || T <= 0 || T > INT32_MAX) return NULL;
     const uint64_t bytes = (uint64_t)T * (uint64_t)i8_blocks(cols) * I8_RECORD;
     if (bytes > XREC_MAX || bytes > c->max_alloc) return NULL;
     *nbx = (int)i8_blocks(cols);
     int i = 0;
-    while (i < KVCL_XREC_SLOTS && !(c->xrec[i].m && c->xrec[i].cols == cols)) i++;
-    if (i == KVCL_XREC_SLOTS) i = c->xrec_next, c->xrec_next = (c->xrec_next + 1) % KVCL_XREC_SLOTS;
-    else if (c->xrec[i].bytes >= bytes) return c->xrec[i].m;
+    while (i < KVCL_XREC_SLOTS && !(c->xrec[i].m && c->xrec[i].cols == cols && c->xrec[i].m != avoid)) i++;
+    if (i == KVCL_XREC_SLOTS) { /* a slot of its own: the next in turn, never the one the launch reads */
+        i = c->xrec_next;
+        if (avoid && c->xrec[i].m == avoid) i = (i + 1) % KVCL_XREC_SLOTS;
+        c->xrec_next = (i + 1) % KVCL_XREC_SLOTS;
+    } else if (c->xrec[i].bytes >= bytes) {
+        return c->xrec[i].m;
+    }
     /* a new buffer for this width, its blocks all zero (the kernels write only blocks < cols / 32) */
     if (c->xrec[i].m) clReleaseMemObject(c->xrec[i].m); /* freed once queued commands are done with it */
     c->in_use -= c->xrec[i].bytes;
@@ -498,7 +503,7 @@ kv_status kvcl_matmul_add_rmsnorm(kvcl_ctx *c, const kvcl_weight *w, kvcl_view x
     kv_status st = token_records(c, xm, x.off, w->cols, &rec, e);
     if (st != KV_OK) return st;
     int ynbx = 0;
-    cl_mem yrec = kvcl_xq_target(c, n, 1, &ynbx); /* the normed row's records for the next product */
+    cl_mem yrec = kvcl_xq_target(c, n, 1, rec, &ynbx); /* the normed row's records for the next product */
     kvcl_launch L = kvcl_launch_begin(c, c->mm[w->type].gemv_i8_norm);
     kvcl_arg_mem(&L, w->buf->parts[0]), kvcl_arg_ulong(&L, w->row_bytes);
     kvcl_arg_int(&L, (int)n), kvcl_arg_int(&L, (int)w->cols);
@@ -535,7 +540,7 @@ kv_status kvcl_matmul_act(kvcl_ctx *c, const kvcl_weight *wg, const kvcl_weight 
     kv_status st = token_records(c, xm, x.off, wg->cols, &rec, e);
     if (st != KV_OK) return st;
     int ynbx = 0;
-    cl_mem yrec = kvcl_xq_target(c, n, 1, &ynbx); /* the activations' records for the down product */
+    cl_mem yrec = kvcl_xq_target(c, n, 1, rec, &ynbx); /* the activations' records for the down product */
     kvcl_launch L = kvcl_launch_begin(c, c->mm[wg->type].gemv_act_i8);
     kvcl_arg_mem(&L, wg->buf->parts[0]), kvcl_arg_mem(&L, wu->buf->parts[0]), kvcl_arg_ulong(&L, wg->row_bytes);
     kvcl_arg_int(&L, (int)n), kvcl_arg_int(&L, (int)wg->cols);

@@ -27,7 +27,7 @@ static kv_status rmsnorm_run(kvcl_ctx *c, kvcl_view y, kvcl_view x, const kvcl_v
     if (a && kvcl_view_mem(*a, (size_t)(T * n), "rmsnorm addend", &am, e) != KV_OK) return KV_ERR_ARG;
     if (w && kvcl_view_mem(kvcl_at(w, 0), (size_t)n, "rmsnorm weight", &wm, e) != KV_OK) return KV_ERR_ARG;
     int nbx = 0;
-    cl_mem rec = kvcl_xq_target(c, n, T, &nbx); /* y's records for the product that reads it */
+    cl_mem rec = kvcl_xq_target(c, n, T, NULL, &nbx); /* y's records for the product that reads it */
     kvcl_launch L = kvcl_launch_begin(c, c->rmsnorm);
     kvcl_arg_mem(&L, ym), kvcl_arg_ulong(&L, y.off);
     kvcl_arg_mem(&L, xm), kvcl_arg_ulong(&L, x.off);
@@ -185,7 +185,7 @@ kv_status kvcl_ffn_act(kvcl_ctx *c, kvcl_view gate, kvcl_view up, int64_t T, int
     if (kvcl_view_mem(gate, (size_t)n, "ffn_act", &gm, e) != KV_OK) return KV_ERR_ARG;
     if (kvcl_view_mem(up, (size_t)n, "ffn_act", &um, e) != KV_OK) return KV_ERR_ARG;
     int nbx = 0;
-    cl_mem rec = kvcl_xq_target(c, cols, T, &nbx); /* the output's records for the product that reads it */
+    cl_mem rec = kvcl_xq_target(c, cols, T, NULL, &nbx); /* the output's records for the product that reads it */
     kvcl_launch L = kvcl_launch_begin(c, c->ffn_act);
     kvcl_arg_mem(&L, gm), kvcl_arg_ulong(&L, gate.off), kvcl_arg_mem(&L, um), kvcl_arg_ulong(&L, up.off);
     kvcl_arg_long(&L, n), kvcl_arg_int(&L, act);

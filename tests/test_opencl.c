@@ -1551,6 +1551,54 @@ static void test_rope_qk_store(kvcl_ctx *c) {
 
 /* ==== main ======================================================================= */
 
+/* ==== a row's bits whatever T it comes with ========================================== */
+
+/* The fused decode launches read their input's records and write their
+ * output's; where both have one width (n_ff = n_embd, or attention's width
+ * = n_embd) they must not be one buffer: matmul_act's groups write the
+ * gate's records while others still read the input's. A token through
+ * matmul_add_rmsnorm, matmul_act and the down product alone gets the bits
+ * it gets among three (the tiled prefill, no fused launch). */
+static void test_fused_rows(kvcl_ctx *c, const char *label) {
+    const int type = KV_TYPE_Q8_0, T = 3;
+    const int64_t n = 256;
+    uint8_t *wb[4];
+    float *wd[4];
+    kvcl_weight w[4]; /* wo, gate, up, down: all n x n */
+    kv_status st = KV_OK;
+    for (int i = 0; i < 4; i++) {
+        random_weight(type, n, n, &wb[i], &wd[i]);
+        if (st == KV_OK) st = kvcl_weight_upload(c, type, n, n, wb[i], &w[i], &g_err);
+    }
+    float *x = xmalloc(sizeof(float) * T * n), *r = xmalloc(sizeof(float) * T * n), *nw = xmalloc(sizeof(float) * n);
+    for (int64_t i = 0; i < T * n; i++) x[i] = frand(), r[i] = frand() * 2;
+    for (int64_t i = 0; i < n; i++) nw[i] = frand() + 1.0f;
+    kvcl_buf *nb = dev_floats(c, nw, n), *xb = dev_floats(c, x, T * n), *out[2] = {NULL, NULL};
+    for (int pass = 0; pass < 2; pass++) { /* all T rows at once, then each row alone */
+        kvcl_buf *rb = dev_floats(c, r, T * n), *yb = dev_buf(c, NULL, sizeof(float) * T * n);
+        kvcl_buf *gb = dev_buf(c, NULL, sizeof(float) * T * n), *ub = dev_buf(c, NULL, sizeof(float) * T * n);
+        out[pass] = dev_buf(c, NULL, sizeof(float) * T * n);
+        for (int t0 = 0, tn = pass ? 1 : T; st == KV_OK && t0 < T; t0 += tn) {
+            st = kvcl_matmul_add_rmsnorm(c, &w[0], kvcl_at(xb, t0 * n), tn, kvcl_at(rb, t0 * n), kvcl_at(yb, t0 * n), nb,
+                                         1e-5f, &g_err);
+            if (st == KV_OK)
+                st = kvcl_matmul_act(c, &w[1], &w[2], kvcl_at(yb, t0 * n), tn, kvcl_at(gb, t0 * n), kvcl_at(ub, t0 * n),
+                                     KV_ACT_SILU, &g_err);
+            if (st == KV_OK)
+                st = kvcl_matmul(c, &w[3], NULL, kvcl_at(gb, t0 * n), tn, kvcl_at(out[pass], t0 * n), n, &g_err);
+        }
+        kvcl_buf_free(rb), kvcl_buf_free(yb), kvcl_buf_free(gb), kvcl_buf_free(ub);
+    }
+    const int differ = st == KV_OK ? device_differ(c, out[0], 0, out[1], 0, T * n) : -1;
+    char name[200];
+    snprintf(name, sizeof name, "%smatmul_add_rmsnorm, matmul_act, down (%s, n_ff = n_embd = %lld): a token alone gets "
+             "its bits among %d", label, tname(type), (long long)n, T);
+    report(st == KV_OK && differ == 0, name, "%s; %d values differ", st ? g_err.msg : "", differ);
+    for (int i = 0; i < 4; i++) kvcl_weight_free(&w[i]), free(wb[i]), free(wd[i]);
+    kvcl_buf_free(nb), kvcl_buf_free(xb), kvcl_buf_free(out[0]), kvcl_buf_free(out[1]);
+    free(x), free(r), free(nw);
+}
+
 int main(void) {
     setenv("KVLUA_SIMD", "scalar", 1); /* the reference: the engine's portable path */
     kvcl_device_info info;
@@ -1620,6 +1668,7 @@ int main(void) {
     test_all_finite(g_c);
     test_hadamard(g_c);
     test_attention(g_c);
+    test_fused_rows(g_c, "");
     test_records(g_c, "");
     test_records(split, "split, ");
     test_matmul_add_rmsnorm(g_c, "");
