@@ -4,13 +4,14 @@
  *
  * Work-groups hold tb query tokens x G query heads of one KV head (G =
  * n_head / n_head_kv), about 16 rows, so each K/V tile loaded serves them
- * all. When there are few such groups (decode, short prefill chunks) the
- * keys are split into slices of ATT_SPLIT_KEYS positions, every slice a
- * work-group of its own, and attention_merge combines the slices in key
- * order. The slice boundaries depend on positions only, never on the
- * device, so results are reproducible. A decode on a CPU driver (gemv
- * ROW) takes attention_row instead: an item per query head and slice,
- * the same operations without local memory or barriers.
+ * all. Every row reduces its keys in segments of ATT_SEG positions merged
+ * in position order (attention.cl), so its bits depend on its position
+ * alone: not on the chunk it came in, the rows beside it, or whether the
+ * segments ran in one work-group or in several. When there are few groups
+ * (decode, short prefill chunks) each segment is a work-group of its own,
+ * and attention_merge merges them. A decode on a CPU driver (gemv ROW)
+ * takes attention_row instead: an item per query head and segment, the
+ * same operations without local memory or barriers.
  */
 #include "kvcl_internal.h"
 #include "kvcl_ops.h"
@@ -18,8 +19,8 @@
 #define ATT_TILE 4096      /* = ATT_TILE in attention.cl: floats per K (or V) tile */
 #define ATT_HD_MAX 256     /* = ATT_HD_MAX */
 #define ATT_ROWS 16        /* rows per work-group aimed at */
-#define ATT_SPLIT_KEYS 256 /* keys per slice when splitting */
-#define ATT_MIN_GROUPS 64  /* fewer (token block, KV head) groups than this: split the keys */
+#define ATT_SEG 256        /* = ATT_SEG in attention.cl: keys per segment */
+#define ATT_MIN_GROUPS 64  /* fewer (token block, KV head) groups than this: a work-group per segment */
 
 size_t kvcl_kv_row_bytes(int type, int n) {
     if (n <= 0 || n % 16) return 0; /* kvstore.cl moves rows 16 values at a time */
@@ -82,8 +83,7 @@ typedef struct {
     int G, tb, R;    /* heads per group, tokens per work-group, rows (items) per work-group */
     int bk;          /* keys per tile */
     int64_t blocks;  /* work-groups along the tokens */
-    int split_len;   /* keys per slice, 0: none */
-    int n_split;
+    int n_split;     /* work-groups along the keys: 1, or one per segment */
 } att_shape;
 
 static kv_status att_shape_for(const kvcl_ctx *c, const kv_attn_params *ap, int64_t T, int pos0, att_shape *s,
@@ -102,8 +102,8 @@ static kv_status att_shape_for(const kvcl_ctx *c, const kv_attn_params *ap, int6
     s->bk = ATT_TILE / hmax < 64 ? ATT_TILE / hmax : 64;
     s->blocks = (T + s->tb - 1) / s->tb;
     const int64_t keys = pos0 + T;
-    s->split_len = s->blocks * ap->n_head_kv < ATT_MIN_GROUPS && keys > ATT_SPLIT_KEYS ? ATT_SPLIT_KEYS : 0;
-    s->n_split = s->split_len ? (int)((keys + s->split_len - 1) / s->split_len) : 1;
+    const bool split = s->blocks * ap->n_head_kv < ATT_MIN_GROUPS && keys > ATT_SEG;
+    s->n_split = split ? (int)((keys + ATT_SEG - 1) / ATT_SEG) : 1;
     return KV_OK;
 }
 
@@ -141,7 +141,7 @@ kv_status kvcl_attention(kvcl_ctx *c, const kvcl_pages *pg, const kv_attn_params
     int nbx = 0;
     const int64_t cols = (int64_t)ap->n_head * ap->head_dim_v;
     cl_mem rec = s.n_split == 1 && ap->head_dim_v % 32 == 0 ? kvcl_xq_target(c, cols, T, NULL, &nbx) : NULL;
-    /* decode on a CPU driver: attention_row, an item per (query head, split) */
+    /* decode on a CPU driver: attention_row, an item per (query head, segment) */
     const bool row = T == 1 && c->gemv == KVCL_GEMV_ROW;
     kvcl_launch L = kvcl_launch_begin(c, row ? c->attention_row : c->attention);
     kvcl_arg_mem(&L, qm), kvcl_arg_ulong(&L, q.off);
@@ -153,7 +153,7 @@ kv_status kvcl_attention(kvcl_ctx *c, const kvcl_pages *pg, const kv_attn_params
     kvcl_arg_int(&L, (int)T), kvcl_arg_int(&L, pos0), kvcl_arg_int(&L, ap->n_head), kvcl_arg_int(&L, ap->n_head_kv);
     kvcl_arg_int(&L, ap->head_dim), kvcl_arg_int(&L, ap->head_dim_v), kvcl_arg_float(&L, ap->scale);
     kvcl_arg_int(&L, ap->window), kvcl_arg_float(&L, ap->softcap);
-    kvcl_arg_int(&L, s.tb), kvcl_arg_int(&L, s.bk), kvcl_arg_int(&L, s.split_len), kvcl_arg_int(&L, s.n_split);
+    kvcl_arg_int(&L, s.tb), kvcl_arg_int(&L, s.bk), kvcl_arg_int(&L, s.n_split);
     kvcl_arg_mem(&L, s.n_split == 1 ? om : NULL), kvcl_arg_ulong(&L, out.off), kvcl_arg_mem(&L, part);
     kvcl_arg_mem(&L, rec), kvcl_arg_int(&L, nbx);
     size_t g[3] = {(size_t)(s.blocks * s.R), (size_t)ap->n_head_kv, (size_t)s.n_split}, l[3] = {(size_t)s.R, 1, 1};

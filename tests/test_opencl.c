@@ -1553,6 +1553,72 @@ static void test_rope_qk_store(kvcl_ctx *c) {
 
 /* ==== a row's bits whatever T it comes with ========================================== */
 
+/* The engine's exactness (a prefill split anywhere, a prefix reused from
+ * pages, tokens decoded one at a time: the same bits) needs every op to
+ * give a row the bits it gets among any other rows. Attention: T query
+ * rows at once against the same rows in chunks (a work-group per key
+ * segment or one work-group for all keys, the ROW context's attention_row
+ * and the work-group kernel for single tokens); with windows that start
+ * inside a tile, head sizes whose tiles do not divide a segment (80: 51
+ * keys), and more query rows than a segment. */
+static void test_attention_rows(kvcl_ctx *c) {
+    kvcl_options grp = {.cache_dir = g_cache, .gemv = KVCL_GEMV_GROUP};
+    kvcl_ctx *cg = open_ctx(&grp);
+    const int F16 = KV_TYPE_F16, F32 = KV_TYPE_F32, Q8 = KV_TYPE_Q8_0;
+    const att_case cases[] = {
+        /* n_kv G  hd  hdv  kt   vt   pos0  T   window pt cap */
+        {16, 1, 64, 64, F16, F16, 200, 128, 0, 16, 0},  /* 128 rows: one work-group; chunks: one per segment */
+        {3, 3, 64, 64, F16, F16, 172, 128, 0, 16, 0},   /* SmolLM2's heads */
+        {3, 3, 64, 64, Q8, Q8, 300, 100, 77, 16, 0},    /* a window that starts inside a tile */
+        {8, 2, 256, 256, F16, F16, 250, 80, 300, 32, 0}, /* head 256: tiles of 16 keys */
+        {16, 1, 80, 80, F32, F32, 260, 100, 0, 16, 0},  /* head 80: tiles of 51 keys */
+        {16, 1, 64, 64, F16, F16, 0, 300, 0, 16, 20},   /* keys from 0, soft cap */
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const att_case *a = &cases[ci];
+        const int n_head = a->n_kv * a->G, n_ctx = a->pos0 + a->T;
+        const size_t nk = (size_t)n_ctx * a->n_kv * a->hd, nv = (size_t)n_ctx * a->n_kv * a->hdv;
+        const size_t qrow = (size_t)n_head * a->hd, orow = (size_t)n_head * a->hdv;
+        float *k = xmalloc(sizeof(float) * nk), *v = xmalloc(sizeof(float) * nv), *q = xmalloc(sizeof(float) * a->T * qrow);
+        float *all = xmalloc(sizeof(float) * a->T * orow), *part = xmalloc(sizeof(float) * a->T * orow);
+        for (size_t i = 0; i < nk; i++) k[i] = frand() * 2;
+        for (size_t i = 0; i < nv; i++) v[i] = frand();
+        for (size_t i = 0; i < a->T * qrow; i++) q[i] = frand() * 2;
+        bool ok = attention_on(c, a, q, k, v, all);
+        /* chunks [t0, t1): each cut list in turn, then single rows on both contexts */
+        const int cuts[][4] = {{1, 0}, {44, 0}, {a->T / 2, a->T - 1}, {13, 64}, {a->T - 1, 0}};
+        int differ = 0, runs = 0;
+        for (size_t li = 0; ok && li < sizeof cuts / sizeof cuts[0]; li++) {
+            int t0 = 0;
+            for (int j = 0; ok && j <= 2; j++) {
+                const int t1 = j < 2 && cuts[li][j] > t0 && cuts[li][j] < a->T ? cuts[li][j] : a->T;
+                att_case sub = *a;
+                sub.pos0 = a->pos0 + t0, sub.T = t1 - t0;
+                ok = attention_on(c, &sub, q + t0 * qrow, k, v, part + t0 * orow);
+                runs++;
+                if ((t0 = t1) == a->T) break;
+            }
+            differ += ok ? (int)(a->T * orow) - count_exact(all, part, (int64_t)(a->T * orow)) : 0;
+        }
+        const int rows[] = {0, 1, a->T / 2, a->T - 1};
+        for (int ri = 0; ok && ri < 4; ri++)
+            for (int ctx = 0; ok && ctx < 2; ctx++) {
+                att_case one = *a;
+                one.pos0 = a->pos0 + rows[ri], one.T = 1;
+                ok = attention_on(ctx ? cg : c, &one, q + rows[ri] * qrow, k, v, part);
+                differ += ok ? (int)orow - count_exact(all + rows[ri] * orow, part, (int64_t)orow) : 0;
+                runs++;
+            }
+        char name[240];
+        snprintf(name, sizeof name,
+                 "attention kv %d x G %d, hd %d, %s, %d rows at %d, window %d: the same bits in chunks and alone (%d runs)",
+                 a->n_kv, a->G, a->hd, tname(a->kt), a->T, a->pos0, a->window, runs);
+        report(ok && differ == 0, name, "%s; %d values differ", ok ? "" : g_err.msg, differ);
+        free(k), free(v), free(q), free(all), free(part);
+    }
+    kvcl_close(cg);
+}
+
 /* The fused decode launches read their input's records and write their
  * output's; where both have one width (n_ff = n_embd, or attention's width
  * = n_embd) they must not be one buffer: matmul_act's groups write the
@@ -1668,6 +1734,7 @@ int main(void) {
     test_all_finite(g_c);
     test_hadamard(g_c);
     test_attention(g_c);
+    test_attention_rows(g_c);
     test_fused_rows(g_c, "");
     test_records(g_c, "");
     test_records(split, "split, ");
