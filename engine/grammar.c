@@ -1169,6 +1169,7 @@ struct kv_grammar_matcher {
     int32_t *mask_slot;     /* cached mask of a state, -1 */
     size_t n_ds, cap_ds, n_rows;
     u64map ds_map;
+    u64map adv_map; /* (set, stacks matching a code point) -> set after it */
     /* masks */
     size_t words, max_masks, n_masks;
     uint32_t *mask_bits;    /* max_masks * words */
@@ -1211,6 +1212,7 @@ void kv_grammar_matcher_free(kv_grammar_matcher *m) {
     free(m->rows);
     free(m->mask_slot);
     map_free(&m->ds_map);
+    map_free(&m->adv_map);
     free(m->mask_bits);
     free(m->mask_count);
     free(m->mask_owner);
@@ -1417,6 +1419,26 @@ static uint32_t advance(kv_grammar_matcher *m, uint32_t set, uint32_t cp) {
     return r == UINT32_MAX ? DS_LIMIT : r;
 }
 
+/* advance, memoized per (set, which of its stacks match cp): the result
+ * depends on the code point only through that, and the automaton meets
+ * the same set with thousands of different characters (a vocabulary's
+ * CJK tokens, say), each completing from its own pending-bytes state. */
+static uint32_t advance_memo(kv_grammar_matcher *m, uint32_t set, uint32_t cp) {
+    uint32_t n = m->set_len[set];
+    if (n > 40) return advance(m, set, cp);
+    const uint32_t *v = m->pool + m->set_off[set];
+    uint64_t sig = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (v[i] && class_match(m->g, EL_V(m->g->code[m->npos[v[i]]]), cp)) sig |= 1ull << i;
+    if (!sig) return DS_DEAD;
+    uint64_t key = (((uint64_t)set << 40) | sig) + 1;
+    uint32_t *f = map_find(&m->adv_map, key);
+    if (f) return *f;
+    uint32_t r = advance(m, set, cp);
+    if (r != DS_LIMIT && m->adv_map.n < MAX_STATES) map_put(&m->adv_map, key, r); /* a cache: a failed put is fine */
+    return r;
+}
+
 /* Whether some stack of set may match a code point in [lo, hi]. */
 static bool set_meets(kv_grammar_matcher *m, uint32_t set, uint32_t lo, uint32_t hi) {
     const uint32_t *v = m->pool + m->set_off[set];
@@ -1430,7 +1452,7 @@ static uint32_t step_compute(kv_grammar_matcher *m, uint32_t ds, uint8_t b) {
     uint32_t r;
     if (n == 0) {
         if (b < 0x80) {
-            r = advance(m, set, b);
+            r = advance_memo(m, set, b);
             return r >= DS_LIMIT ? r : ds_intern(m, r, 0, 0, 0);
         }
         if (b >= 0xC2 && b <= 0xDF) v = b & 0x1fu, n = 1;
@@ -1445,7 +1467,7 @@ static uint32_t step_compute(kv_grammar_matcher *m, uint32_t ds, uint8_t b) {
         if (n == 0) {
             static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
             if (v < min[len] || v > CP_MAX || (v >= 0xD800 && v <= 0xDFFF)) return DS_DEAD;
-            r = advance(m, set, v);
+            r = advance_memo(m, set, v);
             return r >= DS_LIMIT ? r : ds_intern(m, r, 0, 0, 0);
         }
     }
