@@ -845,7 +845,7 @@ static kv_status partition(const kv_vocab *v, const char *text, size_t len, bool
     } else {
         res = malloc((2 * n_fr + 1) * sizeof *res);
         if (!res) goto nomem;
-        qsort(fr, n_fr, sizeof *fr, frag_cmp);
+        if (n_fr) qsort(fr, n_fr, sizeof *fr, frag_cmp); /* none when every occurrence was literal */
         size_t k = 0, p = 0;
         while (p < len) {
             if (k < n_fr && fr[k].off == p) {

@@ -429,6 +429,37 @@ static void spm_pieces(void) {
     kv_gguf_close(g);
 }
 
+/* kv_tokenize_literal with every byte literal reads no special token: the
+ * ids are llama.cpp's for the text without special parsing
+ * (scripts/ref/llama_ref.py, llama_tokenize(parse_special = false)). It
+ * used to sort a NULL list of no special tokens (qsort(NULL, 0), undefined:
+ * UBSan stops the sanitizer build there; found by tests/fuzz_tokenizer.c). */
+static void literal_masks(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/ggml-vocab-gpt-2.gguf", CONF_DIR);
+    kv_gguf *g = NULL;
+    kv_vocab *v = NULL;
+    kv_error e = {{0}};
+    if (open_vocab(path, &g, &v, &e) != KV_OK) {
+        CHECK(0, "gpt-2: %s", e.msg);
+        return;
+    }
+    static const char text[] = "a<|endoftext|>b";
+    static const int32_t as_text[] = {64, 27, 91, 437, 1659, 5239, 91, 29, 65};
+    const size_t len = sizeof text - 1;
+    uint8_t literal[sizeof text - 1];
+    memset(literal, 1, len);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    kv_status st = kv_tokenize_literal(v, text, len, false, true, literal, &ids, &n, &e);
+    bool same = st == KV_OK && n == 9 && memcmp(ids, as_text, sizeof as_text) == 0;
+    CHECK(same, "all literal: the special text is text");
+    if (!same) print_ids("got", ids, n);
+    free(ids);
+    kv_vocab_free(v);
+    kv_gguf_close(g);
+}
+
 /* ctest runs from the repository root (tests/data/vocab). When run from
  * elsewhere, look next to this source file (tests/data/vocab). */
 static void find_conf_dir(void) {
@@ -453,5 +484,6 @@ int main(int argc, char **argv) {
     bad_vocabs();
     utf8_prefix();
     spm_pieces();
+    literal_masks();
     return kvt_finish();
 }
