@@ -200,12 +200,29 @@ static void cache_write(const char *path, const unsigned char key[KEY_BYTES], co
 
 /* ==== building ================================================================ */
 
+/* The message carries the build log from its first error line: a log
+ * can hold many warnings first (PoCL notes an ABI change for every float16
+ * argument on a CPU without AVX-512: 44 KB), which a message of
+ * KV_ERROR_MAX bytes would end before the error (and a buffer that size
+ * could not take the log at all). */
 static kv_status build_failed(kvcl_ctx *c, cl_int err, kv_error *e) {
-    char log[KV_ERROR_MAX] = {0};
-    clGetProgramBuildInfo(c->prog, c->dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
-    const char *l = log;
+    size_t n = 0;
+    char *log = NULL;
+    if (clGetProgramBuildInfo(c->prog, c->dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &n) == CL_SUCCESS && n > 0 &&
+        (log = calloc(1, n + 1)) != NULL &&
+        clGetProgramBuildInfo(c->prog, c->dev, CL_PROGRAM_BUILD_LOG, n, log, NULL) != CL_SUCCESS)
+        log[0] = '\0';
+    const char *l = log ? log : "";
+    const char *er = strstr(l, "error:");
+    if (er) { /* the start of its line */
+        while (er > l && er[-1] != '\n') er--;
+        l = er;
+    }
     while (*l == ' ' || *l == '\n') l++;
-    return kv_fail(e, KV_ERR_DEVICE, "OpenCL kernel build failed on %s (%s): %s", c->info.name, kvcl_errstr(err), l);
+    kv_status st = kv_fail(e, KV_ERR_DEVICE, "OpenCL kernel build failed on %s (%s): %s", c->info.name,
+                           kvcl_errstr(err), l);
+    free(log);
+    return st;
 }
 
 static kv_status build_from_source(kvcl_ctx *c, const char *options, const char *extra, kv_error *e) {
