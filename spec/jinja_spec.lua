@@ -121,6 +121,28 @@ describe("4 hostile templates end with nil, message", function()
       assert.truthy(err:find(c[2]), err)
     end)
   end
+  -- copying a big value again and again: each copy costs steps by its size
+  local big_list = "{% set l = range(900000) | list %}{% for i in range(1000000) %}"
+  local big_str = "{% set ns = namespace(s='x' * 8000000) %}{% for i in range(1000000) %}"
+  for _, body in ipairs{
+    big_list .. "{% set y = l[1:] %}{% endfor %}",
+    big_list .. "{% set y = l + [i] %}{% endfor %}",
+    big_list .. "{% set y = -1 in l %}{% endfor %}",
+    big_list .. "{% set y = l == l %}{% endfor %}",
+    big_list .. "{% set y = l | unique | list %}{% endfor %}",
+    big_list .. "{% set y = l | tojson %}{% endfor %}",
+    big_list .. "{% set y = l | join(',') %}{% endfor %}",
+    big_str .. "{% set y = ns.s ~ '' %}{% endfor %}",
+    big_str .. "{% set y = ns.s.replace('x', 'y') %}{% endfor %}",
+    big_str .. "{% for c in ns.s %}{% break %}{% endfor %}{% endfor %}",
+  } do
+    it(body:sub(#big_list - 20), function()
+      local out, err = jinja.render(body, {})
+      assert.is_nil(out)
+      assert.truthy(err:find("ran past 1000000 steps", 1, true), err)
+    end)
+  end
+
   it("the bounds are options", function()
     local out, err = jinja.render("{% for i in range(10) %}{{ i }}{% endfor %}", {}, { max_steps = 20 })
     assert.is_nil(out)

@@ -89,6 +89,8 @@ end
 
 -- ==== values ================================================================
 
+local CURRENT -- the Ctx of the render under way (renders do not nest)
+
 local UNDEF_MT = { __name = "jinja.undefined" }
 local function undef(name) return setmetatable({ name = name }, UNDEF_MT) end
 local function is_undef(v) return v == nil or getmetatable(v) == UNDEF_MT end
@@ -267,6 +269,7 @@ local function repr(v, depth)
   if depth > 100 then fail("value nests too deep to print") end
   if type(v) == "string" then return str_repr(v) end
   if is_list(v) then
+    if CURRENT then CURRENT:charge(#v) end
     local parts = {}
     for i = 1, #v do parts[i] = repr(v[i], depth) end
     if getmetatable(v) == TUPLE then
@@ -339,6 +342,7 @@ local function deep_eq(a, b, depth)
   if depth > 100 then fail("values nest too deep to compare") end
   if is_list(a) and is_list(b) then
     if #a ~= #b then return false end
+    if CURRENT then CURRENT:charge(#a) end
     for i = 1, #a do if not deep_eq(a[i], b[i], depth) then return false end end
     return true
   end
@@ -404,6 +408,7 @@ local function dumps(v, o, level)
     close_pad = "\n" .. string.rep(o.indent, level)
   end
   local parts = {}
+  if CURRENT then CURRENT:charge(type(v) == "table" and #v or 0) end
   if is_list(v) then
     if #v == 0 then return "[]" end
     for i = 1, #v do parts[i] = dumps(v[i], o, level + 1) end
@@ -1306,8 +1311,17 @@ function Ctx:step(pos)
   if s > self.max_steps then fail("template ran past " .. self.max_steps .. " steps", pos) end
 end
 
+-- Work proportional to the data: a string made costs a step per 64 bytes,
+-- a list made a step per item, so copying big values in a loop ends too.
+function Ctx:charge(n, pos)
+  local s = self.steps + n
+  self.steps = s
+  if s > self.max_steps then fail("template ran past " .. self.max_steps .. " steps", pos) end
+end
+
 function Ctx:check_size(s, pos)
   if #s > self.max_output then fail("a string grew past " .. self.max_output .. " bytes", pos) end
+  self:charge(#s // 64, pos)
   return s
 end
 
@@ -1327,7 +1341,10 @@ local eval, exec
 -- characters for a string).
 local function iter_items(v, pos)
   if is_undef(v) then return {} end
-  if type(v) == "string" then return chars(v) end
+  if type(v) == "string" then
+    if CURRENT then CURRENT:charge(#v, pos) end
+    return chars(v)
+  end
   if is_list(v) then return v end
   if is_gen(v) then return v.items end
   if is_dict(v) then return dict_keys(v) end
@@ -1461,7 +1478,7 @@ local function slice_of(ctx, obj, a, b, c, pos)
     local i = start
     while i > stop do out[#out + 1] = items[i + 1] i = i + step end
   end
-  ctx:step(pos)
+  ctx:charge(#out + 1, pos)
   if as_string then return table.concat(out) end
   return new_list(out)
 end
@@ -1472,6 +1489,7 @@ local function contains(container, item, pos)
     return container:find(item, 1, true) ~= nil
   end
   if is_list(container) then
+    if CURRENT then CURRENT:charge(#container, pos) end
     for i = 1, #container do if deep_eq(container[i], item) then return true end end
     return false
   end
@@ -1522,7 +1540,7 @@ local function arith(ctx, op, a, b, pos)
       local out = {}
       for i = 1, #a do out[i] = a[i] end
       for i = 1, #b do out[#out + 1] = b[i] end
-      ctx:step(pos)
+      ctx:charge(#out + 1, pos)
       if getmetatable(a) == TUPLE and getmetatable(b) == TUPLE then return new_tuple(out) end
       return new_list(out)
     end
@@ -1534,13 +1552,14 @@ local function arith(ctx, op, a, b, pos)
     if s then
       if n <= 0 then return "" end
       if #s * n > ctx.max_output then fail("a string grew past " .. ctx.max_output .. " bytes", pos) end
-      return s:rep(n)
+      return ctx:check_size(s:rep(n), pos)
     end
     local l
     if is_list(a) and math.type(b) == "integer" then l, n = a, b end
     if is_list(b) and math.type(a) == "integer" then l, n = b, a end
     if l then
       if #l * math.max(n, 0) > ctx.max_steps then fail("a list grew too large", pos) end
+      ctx:charge(#l * math.max(n, 0), pos)
       local out = {}
       for _ = 1, n do for i = 1, #l do out[#out + 1] = l[i] end end
       return new_list(out)
@@ -1691,6 +1710,7 @@ function eval_raw(ctx, scope, e)
       size = size + #parts[i]
       if size > ctx.max_output then fail("a string grew past " .. ctx.max_output .. " bytes", e.pos) end
     end
+    ctx:charge(size // 64, e.pos)
     return table.concat(parts)
   elseif k == "compare" then
     local left = eval(ctx, scope, e[2])
@@ -1819,7 +1839,9 @@ function exec(ctx, scope, nodes, out)
     if k == "text" then
       emit(ctx, out, node[2])
     elseif k == "out" then
-      emit(ctx, out, to_str(eval_raw(ctx, scope, node[2])), node.pos)
+      local s = to_str(eval_raw(ctx, scope, node[2]))
+      ctx:charge(#s // 64, node.pos)
+      emit(ctx, out, s, node.pos)
     elseif k == "if" then
       local ran = false
       for _, br in ipairs(node[2]) do
@@ -2029,8 +2051,9 @@ local function replace(ctx, s, old, new, count, pos)
   if type(old) ~= "string" or type(new) ~= "string" then fail("replace: arguments must be strings", pos) end
   count = (count == nil or count == NONE) and -1 or count
   if math.type(count) ~= "integer" then fail("replace: count must be an integer", pos) end
-  local parts, i, done = {}, 1, 0
+  local done = 0
   if old == "" then
+    ctx:charge(#s, pos)
     local cs = chars(s)
     local out = {}
     for j, c in ipairs(cs) do
@@ -2041,19 +2064,14 @@ local function replace(ctx, s, old, new, count, pos)
     if count < 0 or done < count then out[#out + 1] = new end
     return ctx:check_size(table.concat(out), pos)
   end
-  local size = 0
-  while count < 0 or done < count do
-    local a, b = s:find(old, i, true)
-    if not a then break end
-    parts[#parts + 1] = s:sub(i, a - 1)
-    parts[#parts + 1] = new
-    size = size + (a - i) + #new
-    if size > ctx.max_output then fail("a string grew past " .. ctx.max_output .. " bytes", pos) end
-    i = b + 1
-    done = done + 1
+  local pat = old:gsub("%W", "%%%0")
+  local n = select(2, s:gsub(pat, ""))
+  if count >= 0 and n > count then n = count end
+  if #s + n * (#new - #old) > ctx.max_output then
+    fail("a string grew past " .. ctx.max_output .. " bytes", pos)
   end
-  parts[#parts + 1] = s:sub(i)
-  return ctx:check_size(table.concat(parts), pos)
+  ctx:charge(#s // 64 + n, pos)
+  return ctx:check_size((s:gsub(pat, (new:gsub("%%", "%%%%")), count >= 0 and count or nil)), pos)
 end
 
 local function want_str(v, what, pos)
@@ -2239,6 +2257,7 @@ local function sort_key(ctx, v, attribute, case_sensitive, pos)
 end
 
 local function sorted(ctx, items, keyf, reverse, pos)
+  ctx:charge(#items * 4, pos)
   local keyed = {}
   for i, x in ipairs(items) do keyed[i] = { keyf(x), x, i } end
   table.sort(keyed, function(a, b)
@@ -2301,7 +2320,9 @@ FILTERS = {
     local sep = arg(a, kw, 1, "d", "")
     local attribute = arg(a, kw, 2, "attribute")
     local parts = {}
-    for i, x in ipairs(iter_items(v, pos)) do
+    local items = iter_items(v, pos)
+    ctx:charge(#items, pos)
+    for i, x in ipairs(items) do
       if attribute ~= nil and attribute ~= NONE then x = attr_path(ctx, x, attribute, pos) end
       parts[i] = to_str(x)
     end
@@ -2330,8 +2351,9 @@ FILTERS = {
     if not is_dict(v) then fail("can only get item pairs from a mapping", pos) end
     return items_of(v)
   end,
-  list = function(_, v, _, _, pos)
+  list = function(ctx, v, _, _, pos)
     local items = iter_items(v, pos)
+    ctx:charge(#items, pos)
     local out = {}
     for i = 1, #items do out[i] = items[i] end
     return new_list(out)
@@ -2365,7 +2387,7 @@ FILTERS = {
     return new_gen(out)
   end,
   safe = function(_, v) return v end,
-  string = function(_, v) return to_str(v) end,
+  string = function(ctx, v, _, _, pos) return ctx:check_size(to_str(v), pos) end,
   int = function(_, v, a, kw)
     local d = arg(a, kw, 1, "default", 0)
     if math.type(v) == "integer" then return v end
@@ -2424,14 +2446,27 @@ FILTERS = {
   unique = function(ctx, v, a, kw, pos)
     local cs = truthy(arg(a, kw, 1, "case_sensitive", false))
     local attribute = arg(a, kw, 2, "attribute")
-    local out, seen = {}, {}
-    for _, x in ipairs(iter_items(v, pos)) do
+    local out, seen, hashed = {}, {}, {}
+    local items = iter_items(v, pos)
+    ctx:charge(#items, pos)
+    for _, x in ipairs(items) do
       local key = sort_key(ctx, x, attribute, cs, pos)
       local dup = false
-      for _, s in ipairs(seen) do if deep_eq(s, key) then dup = true break end end
-      if not dup then seen[#seen + 1] = key out[#out + 1] = x end
+      if type(key) == "table" then
+        for _, s in ipairs(seen) do
+          ctx:step(pos)
+          if deep_eq(s, key) then dup = true break end
+        end
+        if not dup then seen[#seen + 1] = key end
+      else
+        local h = math.type(key) == "float" and key == math.floor(key) and math.tointeger(key) or key
+        if h == true then h = 1 elseif h == false then h = 0 end
+        dup = hashed[h] ~= nil
+        hashed[h] = true
+      end
+      if not dup then out[#out + 1] = x end
     end
-    return new_list(out)
+    return new_gen(out)
   end,
   sort = function(ctx, v, a, kw, pos)
     local reverse = truthy(arg(a, kw, 1, "reverse", false))
@@ -2652,11 +2687,15 @@ function Template:render(vars, opts)
     if type(k) == "string" then root.vars[k] = v end
   end
   local body = self.nodes
-  return protect(function()
+  local saved = CURRENT
+  CURRENT = ctx
+  local a, b = protect(function()
     local out = {}
     exec(ctx, root, body, out)
     return table.concat(out)
   end)
+  CURRENT = saved
+  return a, b
 end
 
 --- jinja.render(source, vars [, opts]) -> string | nil, err
