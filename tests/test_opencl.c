@@ -191,6 +191,65 @@ static void test_open_errors(void) {
            "status %d: %s", st, g_err.msg);
 }
 
+/* a kernel source's text from its first directive on: comments and blank
+ * space before it skipped */
+static const char *first_directive(const char *t) {
+    for (;;) {
+        while (*t == ' ' || *t == '\n' || *t == '\t' || *t == '\r') t++;
+        if (t[0] == '/' && t[1] == '*') {
+            const char *end = strstr(t + 2, "*/");
+            if (!end) return t;
+            t = end + 2;
+        } else if (t[0] == '/' && t[1] == '/') {
+            t += strcspn(t, "\n");
+        } else {
+            return t;
+        }
+    }
+}
+
+/* Contraction off in every kernel source: its first directive, never turned
+ * on again. Kernels that must agree in bits (rope and rope_qk, GEMV and the
+ * tiled prefill, attention and attention_row) may not depend on whether a
+ * compiler contracts a * b + c at each place it inlines a helper; where an
+ * fma is wanted the kernels write fma(). And the compiler honours it: with
+ * a = b = 1 + 2^-12 and c = -(1 + 2^-11), a * b + c is 0 unfused and 2^-24
+ * fused (the options' extra source comes after the last file, under its
+ * pragma). */
+static void test_contraction_off(void) {
+    for (int i = 0; i < kvcl_kernel_count; i++) {
+        const kvcl_source *f = &kvcl_kernel_sources[i];
+        const char *pragma = "#pragma OPENCL FP_CONTRACT OFF";
+        const bool first = strncmp(first_directive(f->text), pragma, strlen(pragma)) == 0;
+        const bool on = strstr(f->text, "FP_CONTRACT ON") || strstr(f->text, "FP_CONTRACT DEFAULT");
+        char name[160];
+        snprintf(name, sizeof name, "%s: FP_CONTRACT OFF at the top, never on", f->name);
+        report(first && !on, name, "first directive the pragma: %d, turned on: %d", first, on);
+    }
+    kvcl_options o = {.cache_dir = "",
+                      .extra_source = "kernel void contract_probe(global float *o, float a, float b, float c) {\n"
+                                      "    o[0] = a * b + c;\n}\n"};
+    kvcl_ctx *c = open_ctx(&o);
+    kvcl_buf *b = dev_buf(c, NULL, sizeof(float));
+    cl_mem m = NULL;
+    const float a = 1.0f + 0x1p-12f, x = -(1.0f + 0x1p-11f);
+    float got = -1.0f;
+    cl_int err = CL_SUCCESS;
+    cl_kernel k = clCreateKernel(c->prog, "contract_probe", &err);
+    if (err == CL_SUCCESS && kvcl_buf_single(b, "probe", &m, &g_err) == KV_OK) {
+        size_t g = 1;
+        clSetKernelArg(k, 0, sizeof m, &m), clSetKernelArg(k, 1, sizeof a, &a), clSetKernelArg(k, 2, sizeof a, &a);
+        clSetKernelArg(k, 3, sizeof x, &x);
+        err = clEnqueueNDRangeKernel(c->q, k, 1, NULL, &g, NULL, 0, NULL, NULL);
+        if (err == CL_SUCCESS) get_floats(c, b, 0, &got, 1);
+    }
+    if (k) clReleaseKernel(k);
+    report(err == CL_SUCCESS && got == 0.0f, "a * b + c after the kernels: not contracted", "error %d, %a (fused: 0x1p-24)",
+           (int)err, got);
+    kvcl_buf_free(b);
+    kvcl_close(c);
+}
+
 static void test_failed_launch(void) {
     kvcl_options o = {.cache_dir = g_cache};
     kvcl_ctx *c = open_ctx(&o);
@@ -1680,6 +1739,7 @@ int main(void) {
     test_program_cache();
     test_open_errors();
     test_failed_launch();
+    test_contraction_off();
     test_prefill_choice();
 
     kvcl_options o = {.cache_dir = g_cache};

@@ -23,7 +23,8 @@
  * scores q.k in float (16 lane sums), soft cap s = cap * tanh(s * scale / cap) (then the
  * softmax scale is 1), probabilities exp(scale * (s - max)).
  */
-#pragma OPENCL FP_CONTRACT ON
+/* contraction off, as in every kernel source (test_opencl): an fma is written fma() */
+#pragma OPENCL FP_CONTRACT OFF
 
 #define ATT_TILE 4096  /* floats of the K tile and of the V tile: bk * head_dim <= ATT_TILE */
 #define ATT_HD_MAX 256 /* largest head_dim / head_dim_v */

@@ -25,7 +25,8 @@
  * formats take matmul_i8.cl's integer kernels instead (the host decides:
  * kvcl_matmul.c).
  */
-#pragma OPENCL FP_CONTRACT ON
+/* contraction off, as in every kernel source (test_opencl): an fma is written fma() */
+#pragma OPENCL FP_CONTRACT OFF
 
 #define MM_TOKENS 8   /* tokens per item of tiled (K-quants) */
 #define MM_PAIR_TOKENS 4 /* tokens per item of tiled_pair (the other formats) */

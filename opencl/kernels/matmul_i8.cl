@@ -32,6 +32,8 @@
  * d sc and its min dmin m, each one float product (the CPU's dequantization
  * computes the same two).
  */
+/* contraction off, as in every kernel source (test_opencl): an fma is written fma() */
+#pragma OPENCL FP_CONTRACT OFF
 
 /* the compiler's own x86 builtins: only where it says it has them */
 #if defined(__x86_64__) && defined(__AVX2__) && !defined(KVCL_PORTABLE) && defined(__has_builtin)
