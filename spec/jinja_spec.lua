@@ -162,7 +162,7 @@ describe("5 unsupported constructs and syntax errors name what and where", funct
     { "{% with a = 1 %}{% endwith %}", "jinja: unsupported tag 'with' at line 1 col 4" },
     { "{% do x %}", "jinja: unsupported tag 'do' at line 1 col 4" },
     { "{{ f(*args) }}", "jinja: unsupported *args/**kwargs in a call at line 1 col 6" },
-    { "\n  {{ '%s' % 1 }}", "jinja: unsupported % string formatting at line 2 col 11" },
+    { "\n  {{ '%s' % 1 }}{{ 1 | nosuch }}", "jinja: unsupported filter 'nosuch' at line 2 col 24" },
     { "{{ x | from_json }}", "jinja: unsupported filter 'from_json' at line 1 col 8" },
     { "{{ x is nosuchtest }}", "jinja: unsupported test 'nosuchtest' at line 1 col 9" },
     { "{{ '{:>4}'.format(1) }}", "jinja: unsupported format spec in '{:>4}' at line 1 col 18" },

@@ -35,10 +35,11 @@
 -- {% call %}/caller, {% filter %}, {% raw %}, {% generation %}
 -- (transformers' assistant-mask tag, rendered as its body), comments and
 -- whitespace control ({%- -%}, {%+ ... %}). Filters: abs, batch,
--- capitalize, center, count, d, default, dictsort, e, escape, first, float, indent, int, items,
--- join, last, length, list, lower, map, max, min, reject, rejectattr,
--- replace, reverse, round, safe, select, selectattr, sort, string, sum,
--- title, tojson, trim, unique, upper, wordcount. Tests: boolean, callable,
+-- capitalize, center, count, d, default, dictsort, e, escape, first,
+-- float, format, indent, int, items, join, last, length, list, lower,
+-- map, max, min, reject, rejectattr, replace, reverse, round, safe,
+-- select, selectattr, sort, string, sum, title, tojson, trim, unique,
+-- upper, wordcount. The % operator formats strings as Python's does. Tests: boolean, callable,
 -- defined, divisibleby, eq, equalto, escaped, even, false, float, ge, gt, in,
 -- integer, iterable, le, lower, lt, mapping, ne, none, number, odd, sameas,
 -- sequence, string, true, undefined, upper and ==, !=, <, <=, >, >=.
@@ -54,9 +55,9 @@
 -- Not supported (compile gives nil, "jinja: unsupported <construct> at
 -- line L col C"): extends/block/include/import/from, {% do %}, recursive
 -- loops, {% with %}, {% autoescape %}, *args/**kwargs in calls; and
--- when rendering reaches them (jinja2 too refuses some only then): the `%`
--- string-format operator, unknown filters and tests, format specs in
--- str.format.
+-- when rendering reaches them (jinja2 too refuses some only then): unknown
+-- filters and tests, format specs in str.format, integer literals past
+-- 64 bits.
 --
 -- A template is untrusted input (it comes from a model file): rendering
 -- is bounded in steps (opts.max_steps, 1e6), output and string sizes
@@ -1533,6 +1534,76 @@ local function to_num(v, op, other, pos)
   fail(("unsupported operand type(s) for %s: '%s' and '%s'"):format(op, type_name(v), type_name(other)), pos)
 end
 
+-- Python's printf-style `fmt % args`: %s %r %d %i %f %F %e %E %g %G %x %X
+-- %o %c %%, flags, width, precision; %(key)s with a mapping. args: a tuple
+-- gives the arguments, anything else is the one argument.
+local function percent_format(ctx, fmt, args, pos)
+  local mapping = is_dict(args) and args or nil
+  local list = getmetatable(args) == TUPLE and args or { args }
+  local out, i, used = {}, 1, 0
+  while true do
+    local a = fmt:find("%", i, true)
+    if not a then
+      out[#out + 1] = fmt:sub(i)
+      break
+    end
+    out[#out + 1] = fmt:sub(i, a - 1)
+    local j = a + 1
+    local key
+    if fmt:sub(j, j) == "(" then
+      local close = fmt:find(")", j, true)
+      if not close then fail("incomplete format key", pos) end
+      key, j = fmt:sub(j + 1, close - 1), close + 1
+    end
+    local flags, width, dot, prec, conv = fmt:match("^([-+ #0]*)(%d*)(%.?)(%d*)(.)", j)
+    if not flags then fail("incomplete format", pos) end
+    j = j + #flags + #width + #dot + #prec + 1
+    if conv == "%" then
+      out[#out + 1] = "%"
+    else
+      local v
+      if key then
+        if not mapping then fail("format requires a mapping", pos) end
+        v = mapping[key]
+        if v == nil then fail("format: no key '" .. key .. "'", pos) end
+      else
+        used = used + 1
+        v = list[used]
+        if v == nil then fail("not enough arguments for format string", pos) end
+      end
+      out[#out + 1] = ctx:format_one(flags, width, dot, prec, conv, v, pos)
+    end
+    i = j
+  end
+  if not mapping and used < #list then fail("not all arguments converted during string formatting", pos) end
+  return ctx:check_size(table.concat(out), pos)
+end
+
+function Ctx:format_one(flags, width, dot, prec, conv, v, pos)
+  local spec = "%" .. flags .. width .. dot .. prec
+  if #width > 4 or #prec > 4 then fail("format width too large", pos) end
+  if conv == "s" or conv == "r" then
+    local str = conv == "s" and to_str(v) or repr(v)
+    if dot == "." then str = table.concat(chars(str), "", 1, math.min(tonumber(prec ~= "" and prec or 0), str_len(str))) end
+    local pad = (tonumber(width) or 0) - str_len(str)
+    if pad <= 0 then return str end
+    if flags:find("-", 1, true) then return str .. string.rep(" ", pad) end
+    return string.rep(" ", pad) .. str
+  end
+  if type(v) == "boolean" then v = v and 1 or 0 end
+  if type(v) ~= "number" then fail("%" .. conv .. " format: a number is required, not " .. type_name(v), pos) end
+  if conv == "d" or conv == "i" or conv == "x" or conv == "X" or conv == "o" or conv == "c" then
+    local iv = math.tointeger(v >= 0 and math.floor(v) or math.ceil(v))
+    if not iv then fail("%" .. conv .. " format: number too large", pos) end
+    if conv == "c" then return utf8.char(iv) end
+    return string.format(spec .. (conv == "i" and "d" or conv), iv)
+  end
+  if conv == "f" or conv == "F" or conv == "e" or conv == "E" or conv == "g" or conv == "G" then
+    return string.format(spec .. conv, v + 0.0)
+  end
+  fail("unsupported format character '" .. conv .. "'", pos)
+end
+
 local function arith(ctx, op, a, b, pos)
   if op == "+" then
     if type(a) == "string" and type(b) == "string" then return ctx:check_size(a .. b, pos) end
@@ -1565,7 +1636,7 @@ local function arith(ctx, op, a, b, pos)
       return new_list(out)
     end
   end
-  if op == "%" and type(a) == "string" then fail("unsupported % string formatting", pos) end
+  if op == "%" and type(a) == "string" then return percent_format(ctx, a, b, pos) end
   local x, y = to_num(a, op, b, pos), to_num(b, op, a, pos)
   if op == "+" then return x + y end
   if op == "-" then return x - y end
@@ -2540,6 +2611,21 @@ FILTERS = {
     return items[#items]
   end,
   escape = function(_, v) return html_escape(str_arg(v)) end,
+  format = function(ctx, v, a, kw, pos)
+    local n = a.n or #a
+    if n > 0 and next(kw) then fail("format: positional and keyword arguments together", pos) end
+    local args
+    if next(kw) then
+      args = new_dict()
+      local keys = {}
+      for k in pairs(kw) do keys[#keys + 1] = k end
+      table.sort(keys)
+      for _, k in ipairs(keys) do dict_set(args, k, kw[k]) end
+    else
+      args = new_tuple{ table.unpack(a, 1, n) }
+    end
+    return percent_format(ctx, str_arg(v), args, pos)
+  end,
 }
 FILTERS.d = FILTERS.default
 FILTERS.count = FILTERS.length

@@ -236,6 +236,13 @@ SNIPPETS = [
     "{{ 'ÉCOLE Ωμέγα Привет' | lower }} {{ 'çava straße' | upper }} {{ 'éa ÀB'.title() }} {{ 'émile'.capitalize() }}"
     " {{ ['b', 'É', 'a', 'é'] | sort }} {{ 'é' is lower }}",
     "{{ [1, 2, 3] | join(', ', attribute=none) }} {{ msgs | map(attribute='role') | join(' ') }}",
+    # (round 4) printf-style formatting: the % operator and the format filter
+    "{{ '%s' | format(1) }} {{ '%s-%d' | format('a', 3) }} {{ '%(x)s!' | format(x='y') }} {{ '%s' % 1 }}"
+    " {{ '%s and %s' % ('a', 'b') }}",
+    "{{ '%5.2f|%-4d|%04d|%x|%X|%o|%e|%g|%c' % (3.14159, 7, 42, 255, 255, 8, 12345.678, 0.0001, 65) }}"
+    " {{ '%r %s' % ('a', none) }} {{ '%(a)s %(b)d' % {'a': 'x', 'b': 2} }} {{ '100%%' % () }} {{ '%s' % [1, 2] }}",
+    "{{ '%.2s|%5s|%-5s|' % ('abc', 'ab', 'ab') }} {{ '%+d % d' % (5, 5) }} {{ '%d' % 3.9 }} {{ '%d' % true }}",
+    "{{ '%s %s' % ('a',) }}",
     "{{ 'a' + 1 }}",
     "{{ nope.attr }}",
     "{{ raise_exception('custom failure') }}",
