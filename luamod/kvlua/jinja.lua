@@ -153,12 +153,22 @@ local function is_list(v)
   if type(v) ~= "table" then return false end
   local mt = getmetatable(v)
   if mt ~= nil then return mt == TUPLE or json.is_array(v) end
+  -- a plain table: counted once per render (the caller's data does not
+  -- change while it renders)
+  local cache = CURRENT and CURRENT.listy
+  if cache then
+    local c = cache[v]
+    if c ~= nil then return c end
+  end
   local n, count = #v, 0
+  local r = true
   for _ in pairs(v) do
     count = count + 1
-    if count > n then return false end
+    if count > n then r = false break end
   end
-  return count == n
+  r = r and count == n
+  if cache then cache[v] = r end
+  return r
 end
 
 local function is_dict(v)
@@ -2763,7 +2773,7 @@ function Template:render(vars, opts)
       error("template:render: " .. k .. " must be an integer", 2)
     end
   end
-  local ctx = setmetatable({ steps = 0, size = 0, depth = 0,
+  local ctx = setmetatable({ steps = 0, size = 0, depth = 0, listy = setmetatable({}, { __mode = "k" }),
                              max_steps = opts.max_steps or 1000000,
                              max_output = opts.max_output or 8 * 1024 * 1024,
                              max_depth = opts.max_depth or 64 }, Ctx)
