@@ -39,10 +39,14 @@
 -- float, format, indent, int, items, join, last, length, list, lower,
 -- map, max, min, reject, rejectattr, replace, reverse, round, safe,
 -- select, selectattr, sort, string, sum, title, tojson, trim, unique,
--- upper, wordcount. The % operator formats strings as Python's does. Tests: boolean, callable,
--- defined, divisibleby, eq, equalto, escaped, even, false, float, ge, gt, in,
--- integer, iterable, le, lower, lt, mapping, ne, none, number, odd, sameas,
--- sequence, string, true, undefined, upper and ==, !=, <, <=, >, >=.
+-- upper, wordcount; map, select, reject, selectattr, rejectattr and unique
+-- give generators as jinja2's do (iterable, always true, no len, no JSON);
+-- safe and escape give markup, whose + escapes a plain string on its other
+-- side as markupsafe's does. The % operator formats as Python's does.
+-- Tests: boolean, callable, defined, divisibleby, eq, equalto, escaped,
+-- even, false, float, ge, gt, in, integer, iterable, le, lower, lt,
+-- mapping, ne, none, number, odd, sameas, sequence, string, true,
+-- undefined, upper and ==, !=, <, <=, >, >=.
 -- Globals: range, dict, namespace, raise_exception, strftime_now.
 -- String methods: capitalize, count, endswith, find, format ({} and {name}
 -- fields), isalnum, isalpha, isdigit, islower, isspace, isupper, join,
@@ -54,15 +58,16 @@
 --
 -- Not supported (compile gives nil, "jinja: unsupported <construct> at
 -- line L col C"): extends/block/include/import/from, {% do %}, recursive
--- loops, {% with %}, {% autoescape %}, *args/**kwargs in calls; and
--- when rendering reaches them (jinja2 too refuses some only then): unknown
--- filters and tests, format specs in str.format, integer literals past
--- 64 bits.
+-- loops, {% with %}, {% autoescape %}, *args/**kwargs in calls, integer
+-- literals past 64 bits; and when rendering reaches them (jinja2 too
+-- refuses some only then): unknown filters and tests, format specs in
+-- str.format.
 --
 -- A template is untrusted input (it comes from a model file): rendering
--- is bounded in steps (opts.max_steps, 1e6), output and string sizes
--- (opts.max_output, 8 MiB) and macro call depth (opts.max_depth, 64); past a
--- bound it returns nil, message. Errors are nil, "jinja: ... at line L col C";
+-- is bounded in steps (opts.max_steps, 1e6; a string made costs a step per
+-- 64 bytes, a list copied a step per item), output and string sizes
+-- (opts.max_output, 8 MiB), nesting (200) and macro call depth
+-- (opts.max_depth, 64); past a bound it returns nil, message. Errors are nil, "jinja: ... at line L col C";
 -- raise_exception(msg) gives nil, "jinja: raise_exception: msg".
 --
 -- opts.now: the time strftime_now formats (os.time() value, UTC); by
