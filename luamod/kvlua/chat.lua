@@ -35,11 +35,11 @@
 --
 -- The hand-written renderers are the fallbacks: for a model without a
 -- template (by general.architecture) and for names and template strings.
--- Each reproduces one family
--- of templates as Hugging Face's jinja2 renders them, and reads the few
--- things that vary inside a family from the template string itself (the
--- default system prompt of ChatML templates such as SmolLM2's or Qwen2's;
--- whether a Phi-3 template writes BOS, system turns or a trailing EOS).
+-- Each reproduces one family of templates as Hugging Face's jinja2 renders
+-- them, and reads the few things that vary inside a family from the
+-- template string itself (the default system prompt of ChatML templates
+-- such as SmolLM2's or Qwen2's; whether a Phi-3 template writes BOS,
+-- system turns or a trailing EOS).
 -- The specs check every renderer against jinja2's output on the real
 -- templates (tests/fixtures/chat_*.lua).
 --
