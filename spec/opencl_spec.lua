@@ -280,3 +280,113 @@ describe("the OpenCL backend", function()
     assert(s:prefill(some_ids(5, 1)))
   end)
 end)
+
+-- ==== exact within the backend =================================================
+-- Findings (the corrections issue, "quietly wrong results"), one describe each:
+--  1. Attention reduced a row's keys in one pass when its chunk had many work-groups and in
+--     segments of 256 merged afterwards when it had few: 300 ids prefilled in two calls gave
+--     other logits than one call (SmolLM2 Q4_1 split at 64 or 160: up to 0.42).
+--  2. The fused decode launches wrote their output's 8-bit records into the buffer they were
+--     reading when both had one width (n_ff = n_embd): a token decoded alone, or left alone
+--     by a split, differed from the same token in a prefill (up to 0.86).
+-- The checks are cache_spec.lua's exact suite (splits at every offset of a page and at page
+-- multiples, decoding one at a time, logits = "all" rows) on both kernel families: the
+-- integer kernels (the default on PoCL) and the float ones (KVLUA_CL_INT_DOT=0, read when a
+-- model loads: in a process of its own).
+
+-- The checks as a chunk of their own, run here and in that process: arguments the model's
+-- path, the count of ids, the splits ("1,2,3"), the first position decoded one token at a
+-- time; returns the mismatches, one a line ("" when every row has the bits of one call).
+local exact_chunk = [==[
+local kvlua = require "kvlua"
+local same = require("spec.support.ids").same
+local path, n, splits, first = ...
+n, first = tonumber(n), tonumber(first)
+local ids = require("spec.support.ids").some(n, 64, 5)
+local m = assert(kvlua.load(path, { backend = "opencl", threads = 2 }))
+local function slice(a, b) return table.move(ids, a, b, 1, {}) end
+local function row(l, i) return l.rows > 1 and l:row(i) or l end
+local bad = {}
+local s = assert(m:session { ctx = 512 })
+local all = assert(s:prefill(ids, { logits = "all" })) -- one call (chunks of 128 inside)
+s:close()
+s = assert(m:session { ctx = 512 })
+if not same(row(all, n), assert(s:prefill(ids))) then bad[#bad + 1] = "the last logits: not the last row of all" end
+s:close()
+for k in splits:gmatch("%d+") do
+  k = tonumber(k)
+  s = assert(m:session { ctx = 512 })
+  assert(s:prefill(slice(1, k), { logits = "none" }))
+  local rest = assert(s:prefill(slice(k + 1, n), { logits = "all" }))
+  for i = 1, n - k do
+    if not same(row(rest, i), row(all, k + i)) then
+      bad[#bad + 1] = ("split at %d: row %d differs"):format(k, k + i)
+      break
+    end
+  end
+  s:close()
+end
+s = assert(m:session { ctx = 512 })
+assert(s:prefill(slice(1, first - 1), { logits = "none" }))
+for i = first, n do
+  if not same(assert(s:decode(ids[i])), row(all, i)) then
+    bad[#bad + 1] = ("token %d decoded: differs"):format(i)
+    break
+  end
+end
+m:close()
+return table.concat(bad, "\n")
+]==]
+
+local every_split = "1,2,3,5,7,8,11,15,16,17,31,32,33,48,64,100,127,128,129,150,160,255,256,257,299"
+
+-- the chunk in this process, or with env (a shell assignment) in another
+local function exact_mismatches(env, path, n, splits, first)
+  if not env then return assert(load(exact_chunk, "exact"))(path, n, splits, first) end
+  local file = os.tmpname()
+  local f = assert(io.open(file, "w"))
+  f:write("io.write((function(...) ", exact_chunk, " end)(...))")
+  f:close()
+  local p = io.popen(("%s lua5.4 -e 'package.path = %q; package.cpath = %q' %s %q %d %s %d 2>&1"):format(env,
+    package.path, package.cpath, file, path, n, splits, first))
+  local out = p:read("a")
+  local ok = p:close()
+  os.remove(file)
+  assert(ok, out)
+  return out
+end
+
+-- heads of 16, so 128 ids make enough work-groups for one pass and 44 do not (finding 1);
+-- n_ff = n_embd (finding 2)
+local function tiny_model()
+  return tiny.llama_quant { qtype = "Q4_0", n_embd = 256, n_head = 16, n_head_kv = 4, n_ff = 256, seed = 7 }
+end
+
+describe("OpenCL attention: a row's bits do not depend on the chunk it came in", function()
+  teardown(tiny.cleanup)
+
+  for _, family in ipairs { { "integer kernels", nil }, { "float kernels", "KVLUA_CL_INT_DOT=0" } } do
+    it("a tiny Q4_0 llama, 300 ids, " .. family[1] .. ": every split, decode and all rows are one call's bits",
+      function()
+        if not have_device then return pending("no OpenCL device") end
+        assert.equals("", exact_mismatches(family[2], tiny_model(), 300, every_split, 6))
+      end)
+  end
+
+  it("SmolLM2: 300 ids split at 64, 150, 160 and 299, and the last tokens decoded, give one call's bits",
+    function()
+      if not have_device then return pending("no OpenCL device") end
+      local path, why = models.path("smollm2")
+      if not path then return pending(why) end
+      assert.equals("", exact_mismatches(nil, path, 300, "64,150,160,299", 292))
+    end)
+end)
+
+describe("OpenCL fused decode launches: records of one width never overwrite their input's", function()
+  teardown(tiny.cleanup)
+
+  it("n_ff = n_embd: each token decoded gets the bits of its row in a prefill", function()
+    if not have_device then return pending("no OpenCL device") end
+    assert.equals("", exact_mismatches(nil, tiny_model(), 40, "1,39", 2))
+  end)
+end)
