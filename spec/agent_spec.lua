@@ -3,7 +3,9 @@
 -- scripted sampler (byte tokens spelling a text, then EOS), so the calls
 -- the model makes are known; the conversation is rendered with the ChatML
 -- template. The last examples run scripts/agent.lua on the real SmolLM2
--- (pending when it is not available).
+-- (pending when it is not available). The scripted replies include calls
+-- no grammar would allow, so these agents run unconstrained (constrain =
+-- false); spec/agent_grammar_spec.lua tests the constrained path.
 local kvlua = require "kvlua"
 local agent = require "kvlua.agent"
 local json = require "kvlua.json"
@@ -176,7 +178,7 @@ local function new_agent(sampler, opts)
   local reg = fail_tool(add_tool(agent.registry()))
   local calls = {}
   local a = assert(agent.new(model, { tools = reg, template = "chatml", sampler = sampler, max_tokens = 64,
-    ctx = 4096, max_tool_calls = opts.max_tool_calls,
+    ctx = 4096, max_tool_calls = opts.max_tool_calls, constrain = false,
     on_tool = function(call, ok, result) calls[#calls + 1] = { call.name, ok, result } end }))
   return a, calls
 end
@@ -217,6 +219,7 @@ describe("agent:turn", function()
     -- generation stops at </tool_call>; the next reply follows
     local reg = add_tool(agent.registry())
     local a = assert(agent.new(model, { tools = reg, template = "chatml", protocol = "hermes", ctx = 4096,
+      constrain = false,
       sampler = spell(call, "Three.", EOS) }))
     local reply, info = a:turn("1 + 2?")
     assert.equals("Three.", reply)

@@ -528,7 +528,8 @@ local function tool(name, fn, parameters)
 end
 
 local function new_agent(reg, sampler, opts)
-  local o = { tools = reg, template = "chatml", sampler = sampler, max_tokens = 512, ctx = 4096 }
+  -- scripted replies, some no grammar would allow: the unconstrained path
+  local o = { tools = reg, template = "chatml", sampler = sampler, max_tokens = 512, ctx = 4096, constrain = false }
   for k, v in pairs(opts or {}) do o[k] = v end
   return assert(agent.new(model, o))
 end

@@ -31,8 +31,9 @@
 -- optional = true }), fn(args) -> result (a string of valid UTF-8, a
 -- finite number, a boolean, nil for "null", or a table written as JSON;
 -- anything else is an error result), and optionally example = { user =,
--- arguments =, answer = [, result =] }: one worked exchange the text
--- protocol shows the model before the conversation. An "integer" argument
+-- arguments =, answer = [, result =] }: one worked exchange the protocol
+-- shows the model before the conversation (in its own call and result
+-- format; agent.new{examples = false}: none). An "integer" argument
 -- may be written 2.0 (an integer for JSON Schema); a "number" is finite.
 --
 -- Protocols (opts.protocol; by default "hermes" when the model's chat
@@ -57,10 +58,16 @@
 --   and results as a user message <tool_response>...</tool_response>, as
 --   those templates render a "tool" message.
 --
+-- Constrained (agent.new{constrain =}, on by default where kvlua.grammar
+-- is): every reply is generated under a grammar of the registry that
+-- allows free text that does not read as a call, or one call that names a
+-- registered tool and has valid arguments ("grammars of a message" below).
+--
 -- Errors: misuse (bad tool definitions, wrong argument types) raises; a
 -- conversation that no longer fits the context, or a failed forward pass,
 -- makes a:turn return nil, message.
 
+local kvlua = require "kvlua"
 local chat = require "kvlua.chat"
 local json = require "kvlua.json"
 
@@ -198,21 +205,111 @@ local function run_tool(fn, args)
   return false, json.replace_invalid_utf8((msg:gsub("^[^:\n]+:%d+: ", "")))
 end
 
---- registry:call(name, arguments) -> ok, text: runs a tool, never raises;
---- a missing tool, bad arguments, an error raised by the tool (or a
---- yield) and a result that cannot be text give false, "<message>".
-function Registry:call(name, args)
+--- registry:check(name, arguments) -> arguments | nil, message: whether a
+--- call names a registered tool and its arguments fit that tool's
+--- parameters (the arguments as the tool will get them: an integer written
+--- 2.0 becomes 2, a null optional one goes); runs nothing.
+function Registry:check(name, args)
   local tool = self.by_name[name]
   if not tool then
     local names = {}
     for i, t in ipairs(self.list) do names[i] = t.name end
-    return false, string.format("no tool named '%s' (the tools: %s)", tostring(name), table.concat(names, ", "))
+    return nil, string.format("no tool named '%s' (the tools: %s)", tostring(name), table.concat(names, ", "))
   end
-  local checked, err = check_args(tool, args)
+  return check_args(tool, args)
+end
+
+--- registry:call(name, arguments) -> ok, text: runs a tool, never raises;
+--- a missing tool, bad arguments, an error raised by the tool (or a
+--- yield) and a result that cannot be text give false, "<message>".
+function Registry:call(name, args)
+  local checked, err = self:check(name, args)
   if not checked then return false, err end
-  local ok, v = run_tool(tool.fn, checked)
+  local ok, v = run_tool(self.by_name[name].fn, checked)
   if not ok then return false, v end
   return result_text(v)
+end
+
+-- ==== grammars of a message ===================================================
+-- Constrained generation (agent.new{constrain = true}): each assistant
+-- message is drawn under a GBNF grammar (kvlua.grammar) that allows free
+-- text that does not read as a call, or one call whose JSON names a
+-- registered tool and gives arguments of that tool's parameters, ended
+-- where the protocol ends a call. The JSON is narrower than JSON: nothing
+-- or one space between tokens, the arguments in the order of the
+-- parameters (a protocol's grammar lists the rest), strings of at most
+-- max_string characters and the escapes \" \\ \/ \b \f \n \r \t, integers
+-- of at most 16 digits, numbers with at most 16 digits before and after
+-- the point and a 2-digit exponent (always finite). So a call, which
+-- starts the message, has a longest text, call_bytes, and call_bytes
+-- tokens always finish it (every token the grammar allows holds at least
+-- one byte; control tokens are never allowed, so "<tool_call>" is text:
+-- one token where the vocabulary has it as a user-defined token, as
+-- Qwen's does, else spelled in pieces).
+
+local G_WS = 1 -- bytes of the `ws` rule at most
+local G_VALUE = { -- parameter type -> rule, its longest text (k: max_string)
+  string = { "str", function(k) return 2 + 4 * k end },
+  integer = { "int", function() return 17 end },
+  number = { "num", function() return 38 end },
+  boolean = { "bool", function() return 5 end },
+}
+
+local function g_rules(max_string)
+  return table.concat({
+    'ws ::= " "?',
+    'str ::= "\\"" char{0,' .. max_string .. '} "\\""',
+    [==[char ::= [^"\\\x00-\x1F\x7F] | "\\" ["\\/bfnrt]]==],
+    'int ::= "-"? ( "0" | [1-9] [0-9]{0,15} )',
+    'num ::= int ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?',
+    'bool ::= "true" | "false"',
+  }, "\n")
+end
+
+-- A GBNF literal of the bytes of s (valid UTF-8).
+local function g_lit(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    if c == '"' or c == "\\" then return "\\" .. c end
+    return string.format("\\x%02X", c:byte())
+  end) .. '"'
+end
+
+-- "key" ws ":" ws value of a parameter: GBNF, longest text.
+local function g_pair(p, max_string)
+  local key = json.encode(p.name)
+  local v = G_VALUE[p.type]
+  return g_lit(key) .. ' ws ":" ws ' .. v[1], #key + 1 + 2 * G_WS + v[2](max_string)
+end
+
+-- Free text that never contains `word`: one rule a prefix of it matched so
+-- far (the automaton of Knuth, Morris and Pratt), any state may end. Rules
+-- named <name>-0 .. <name>-(n-1); returns them as text.
+local function g_text_without(name, word)
+  local n = #word
+  local function next_state(k, c) -- the longest prefix of word that ends word[1..k] .. c
+    local t = word:sub(1, k) .. c
+    for m = math.min(#t, n), 1, -1 do
+      if t:sub(-m) == word:sub(1, m) then return m end
+    end
+    return 0
+  end
+  local chars = {}
+  for i = 1, n do chars[word:sub(i, i)] = true end
+  local rules = {}
+  for k = 0, n - 1 do
+    local alts, except = {}, {}
+    for c in pairs(chars) do
+      local m = next_state(k, c)
+      if m ~= 0 then except[#except + 1] = c end
+      if m ~= 0 and m < n then alts[#alts + 1] = g_lit(c) .. " " .. name .. "-" .. m end
+    end
+    table.sort(alts)
+    table.sort(except)
+    local class = "[^" .. table.concat(except):gsub("[%]%[%-%^\\]", "\\%0") .. "]"
+    alts[#alts + 1] = class .. " " .. name .. "-0"
+    rules[#rules + 1] = name .. "-" .. k .. " ::= ( " .. table.concat(alts, " | ") .. " )?"
+  end
+  return table.concat(rules, "\n")
 end
 
 -- ==== protocols ==============================================================
@@ -231,7 +328,8 @@ local function signature(tool)
   return string.format("- %s: %s Arguments: {%s}", tool.name, tool.description, table.concat(params, ", "))
 end
 
-local text = { name = "text", stop = { "\nRESULT" } }
+-- call_start: how a call begins (a reply that is a prefix of it may still become one)
+local text = { name = "text", stop = { "\nRESULT" }, call_start = "{" }
 
 -- {"tool": "<name>", "<arg>": value, ...} with "tool" first and the
 -- arguments in the order of the tool's parameters.
@@ -270,9 +368,9 @@ function text.parse(reply)
   return { name = v.tool, arguments = args }
 end
 
--- The worked examples: each tool's example as a user question, the call,
--- its result and the answer.
-function text.examples(registry)
+-- The worked examples of a protocol: each tool's example as a user
+-- question, the call, its result and the answer.
+local function worked_examples(protocol, registry)
   local msgs = {}
   for _, tool in ipairs(registry.list) do
     local ex = tool.example
@@ -283,20 +381,51 @@ function text.examples(registry)
         result = ok and v or ("error: " .. v)
       else
         local ok, v = result_text(result)
-        if not ok then error("tool " .. tool.name .. ": example result: " .. v, 3) end
+        if not ok then error("tool " .. tool.name .. ": example result: " .. v, 4) end
         result = v
       end
       msgs[#msgs + 1] = { role = "user", content = ex.user }
-      msgs[#msgs + 1] = { role = "assistant", content = text.format_call(tool, ex.arguments) }
-      msgs[#msgs + 1] = text.result({ name = tool.name }, true, result)
+      msgs[#msgs + 1] = { role = "assistant", content = protocol.format_call(tool, ex.arguments) }
+      msgs[#msgs + 1] = protocol.result({ name = tool.name }, true, result)
       msgs[#msgs + 1] = { role = "assistant", content = ex.answer }
     end
   end
   return msgs
 end
 
+function text.examples(registry) return worked_examples(text, registry) end
+
+-- The grammar of a message: a call {"tool": "<name>", "<arg>": value, ...}
+-- (the arguments in the order of the parameters, optional ones left out
+-- or not), or free text whose first character after any whitespace is not
+-- '{'. Returns GBNF text and a call's longest text in bytes.
+function text.grammar(registry, max_string)
+  local rules, names, longest = {}, {}, 0
+  for i, tool in ipairs(registry.list) do
+    local name = json.encode(tool.name)
+    local parts, bytes = { g_lit(name) }, #name
+    for _, p in ipairs(tool.parameters) do
+      local pair, pb = g_pair(p, max_string)
+      local item = 'ws "," ws ' .. pair
+      parts[#parts + 1] = p.optional and ("( " .. item .. " )?") or item
+      bytes = bytes + 2 * G_WS + 1 + pb
+    end
+    names[i] = "tool-" .. i
+    rules[i] = names[i] .. " ::= " .. table.concat(parts, " ")
+    longest = math.max(longest, bytes)
+  end
+  local call_bytes = 1 + G_WS + #'"tool"' + G_WS + 1 + G_WS + longest + G_WS + 1
+  return table.concat({
+    "root ::= call | text",
+    'call ::= "{" ws "\\"tool\\"" ws ":" ws ( ' .. table.concat(names, " | ") .. ' ) ws "}"',
+    "text ::= [ \\t\\n\\x0B\\x0C\\r]* ( [^{ \\t\\n\\x0B\\x0C\\r] .* )?",
+    table.concat(rules, "\n"),
+    g_rules(max_string),
+  }, "\n"), call_bytes
+end
+
 -- keep_stop: the stop string closes a call and belongs to the reply
-local hermes = { name = "hermes", stop = { "</tool_call>" }, keep_stop = "</tool_call>" }
+local hermes = { name = "hermes", stop = { "</tool_call>" }, keep_stop = "</tool_call>", call_start = "<tool_call>" }
 
 local JSON_TYPES = { string = "string", number = "number", integer = "integer", boolean = "boolean" }
 
@@ -319,7 +448,65 @@ function hermes.system_prompt(registry)
     .. '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 end
 
-function hermes.examples() return {} end
+-- <tool_call>\n{"name": "<name>", "arguments": {"<arg>": value, ...}}\n</tool_call>
+-- with the arguments in the order of the tool's parameters.
+function hermes.format_call(tool, args)
+  local parts = {}
+  for _, p in ipairs(tool.parameters) do
+    if args[p.name] ~= nil then parts[#parts + 1] = json.encode(p.name) .. ": " .. json.encode(args[p.name]) end
+  end
+  return string.format('<tool_call>\n{"name": %s, "arguments": {%s}}\n</tool_call>', json.encode(tool.name),
+    table.concat(parts, ", "))
+end
+
+function hermes.examples(registry) return worked_examples(hermes, registry) end
+
+-- The grammar of a message: a call <tool_call> {"name": "<name>",
+-- "arguments": {...}} </tool_call> (a newline or nothing inside the tags;
+-- the arguments in the order of the parameters, optional ones left out or
+-- not), or free text that nowhere holds "<tool_call>" (hermes.parse reads
+-- a call anywhere). Returns GBNF text and a call's longest text in bytes.
+function hermes.grammar(registry, max_string)
+  local rules, names, longest = {}, {}, 0
+  for i, tool in ipairs(registry.list) do
+    local ps, pairs_, sizes, first_required = tool.parameters, {}, 0, nil
+    for j, p in ipairs(ps) do
+      local pb
+      pairs_[j], pb = g_pair(p, max_string)
+      sizes = sizes + pb
+      if not p.optional and not first_required then first_required = j end
+    end
+    -- the arguments: one alternative for each parameter that can come first
+    local args, args_bytes = '"{" ws "}"', 2 + G_WS
+    if #ps > 0 then
+      local alts = {}
+      for k = 1, first_required or #ps do
+        local seq = { pairs_[k] }
+        for j = k + 1, #ps do
+          local item = 'ws "," ws ' .. pairs_[j]
+          seq[#seq + 1] = ps[j].optional and ("( " .. item .. " )?") or item
+        end
+        alts[k] = table.concat(seq, " ")
+      end
+      args = '"{" ws ( ' .. table.concat(alts, " | ") .. (first_required and " )" or " )?") .. ' ws "}"'
+      args_bytes = 2 + 2 * G_WS + sizes + (#ps - 1) * (2 * G_WS + 1)
+    end
+    local name = json.encode(tool.name)
+    names[i] = "tool-" .. i
+    rules[i] = names[i] .. " ::= " .. g_lit(name) .. ' ws "," ws ' .. g_lit('"arguments"') .. ' ws ":" ws ' .. args
+    longest = math.max(longest, #name + 4 * G_WS + 1 + #'"arguments"' + 1 + args_bytes)
+  end
+  local call_bytes = #"<tool_call>\n" + 1 + G_WS + #'"name"' + G_WS + 1 + G_WS + longest + G_WS + 1
+    + #"\n</tool_call>"
+  return table.concat({
+    "root ::= call | text-0",
+    'call ::= "<tool_call>" "\\n"? "{" ws "\\"name\\"" ws ":" ws ( ' .. table.concat(names, " | ")
+      .. ' ) ws "}" "\\n"? "</tool_call>"',
+    g_text_without("text", "<tool_call>"),
+    table.concat(rules, "\n"),
+    g_rules(max_string),
+  }, "\n"), call_bytes
+end
 
 function hermes.parse(reply)
   local at = reply:find("<tool_call>", 1, true)
@@ -361,13 +548,23 @@ Agent.__index = Agent
 
 --- agent.new(model, { tools =, system =, protocol =, template =, sampler =, max_tokens = 256,
 ---                    max_tool_calls = 4, max_result_bytes = 4096, ctx = 4096, session =, on_piece =,
----                    on_tool = })
+---                    on_tool =, examples = true, constrain =, max_string = 128 })
 --- -> agent | nil, err. template: a kvlua.chat template name to use instead
 --- of the model's own; session: a session to hold the conversation (else
 --- one of ctx tokens is opened, and closed by a:close()); on_piece(text)
 --- streams the replies; on_tool(call, ok, result) sees each call;
 --- max_result_bytes: a longer tool result (or error) goes to the model cut
---- there, with a line saying so.
+--- there, with a line saying so; examples = false leaves the tools' worked
+--- examples out of the conversation.
+--- constrain: every reply is generated under the protocol's grammar (see
+--- "grammars of a message"): free text, or a call that names a tool and
+--- has valid arguments. Default: true when there are tools, kvlua has
+--- kvlua.grammar and the protocol has a grammar. A free-text reply still
+--- ends at max_tokens (or up to 3 tokens later, to finish a character
+--- split over byte tokens); a call, which starts the reply, may run past
+--- it, up to a.call_bytes tokens (the bytes of its longest text), so that
+--- it is never cut. max_string: the characters of a string argument at
+--- most, under constrain.
 function M.new(model, opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("agent.new: options must be a table", 2) end
@@ -375,10 +572,32 @@ function M.new(model, opts)
   if math.type(max_result) ~= "integer" or max_result < 1 then
     error("agent.new: max_result_bytes must be a positive integer", 2)
   end
+  local max_tokens = opts.max_tokens or 256
+  if math.type(max_tokens) ~= "integer" or max_tokens < 1 then
+    error("agent.new: max_tokens must be a positive integer", 2)
+  end
+  local max_string = opts.max_string or 128
+  if math.type(max_string) ~= "integer" or max_string < 1 or max_string > 4096 then
+    error("agent.new: max_string must be an integer in 1..4096", 2)
+  end
   local registry = opts.tools or M.registry()
   local pname = opts.protocol or M.protocol_for(model)
   local protocol = type(pname) == "table" and pname or M.protocols[pname]
   if not protocol then error("agent.new: unknown protocol '" .. tostring(pname) .. "'", 2) end
+  local constrain = opts.constrain
+  if constrain == nil then
+    constrain = #registry.list > 0 and kvlua.grammar ~= nil and protocol.grammar ~= nil
+  elseif constrain and (#registry.list == 0 or not kvlua.grammar or not protocol.grammar) then
+    error("agent.new: constrain needs tools, kvlua.grammar and a protocol with a grammar", 2)
+  end
+  local gstart, call_bytes
+  if constrain then
+    local text
+    text, call_bytes = protocol.grammar(registry, max_string)
+    local g, gerr = kvlua.grammar(text)
+    if g then gstart, gerr = g:state(model) end
+    if not gstart then return nil, "agent.new: the tools' grammar: " .. tostring(gerr) end
+  end
   local s, owns = opts.session, false
   if not s then
     owns = true
@@ -389,13 +608,23 @@ function M.new(model, opts)
   local system = opts.system or "You are a helpful assistant."
   if #registry.list > 0 then system = system .. "\n\n" .. protocol.system_prompt(registry) end
   local messages = { { role = "system", content = system } }
-  if #registry.list > 0 then
+  if #registry.list > 0 and opts.examples ~= false then
     for _, m in ipairs(protocol.examples(registry)) do messages[#messages + 1] = m end
   end
+  local v = model.vocab
+  local eog = v.eot and model:is_eog(v.eot) and v.eot or (v.eos and model:is_eog(v.eos) and v.eos) or nil
   return setmetatable({ model = model, session = s, owns_session = owns, template = opts.template or model,
-    tools = registry, protocol = protocol, messages = messages,
-    sampler = opts.sampler, max_tokens = opts.max_tokens or 256, max_tool_calls = opts.max_tool_calls or 4,
-    max_result_bytes = max_result, on_piece = opts.on_piece, on_tool = opts.on_tool, turns = {} }, Agent)
+    tools = registry, protocol = protocol, messages = messages, start = #messages,
+    sampler = opts.sampler, max_tokens = max_tokens, max_tool_calls = opts.max_tool_calls or 4,
+    max_result_bytes = max_result, on_piece = opts.on_piece, on_tool = opts.on_tool, turns = {},
+    constrain = constrain and true or false, grammar_start = gstart, call_bytes = call_bytes, eog = eog,
+    reply_tokens = constrain and math.max(max_tokens + 3, call_bytes + 1) or max_tokens }, Agent)
+end
+
+--- a:reset(): back to the conversation's start (system message and worked
+--- examples), for a new conversation; the session keeps what they share.
+function Agent:reset()
+  for i = #self.messages, self.start + 1, -1 do self.messages[i] = nil end
 end
 
 -- Brings the session to the rendered conversation plus the generation
@@ -406,9 +635,9 @@ function Agent:sync()
   local template = self.template ~= self.model and self.template or nil
   local ids, err = chat.encode(self.model, self.messages, { add_generation_prompt = true, template = template })
   if not ids then return nil, "chat template: " .. err end
-  if #ids + self.max_tokens > s.ctx then
+  if #ids + self.reply_tokens > s.ctx then
     return nil, string.format("the conversation (%d tokens) and a reply (%d) no longer fit the context (%d)",
-      #ids, self.max_tokens, s.ctx)
+      #ids, self.reply_tokens, s.ctx)
   end
   local have = s:tokens()
   local keep = M.common_prefix(have, ids)
@@ -420,14 +649,50 @@ function Agent:sync()
   return { conversation = #ids, reused = keep, prefilled = #ids - keep, seconds = s:stats().prefill_seconds - before }
 end
 
+-- The sampler of a constrained reply: the user's sampler (or greedy) on
+-- the logits the grammar allows. A token the grammar refuses (a sampler
+-- that ignores its logits) is an error. From max_tokens on, where the
+-- grammar can end and the reply is not the start of a call (free text;
+-- a text cut in a character goes on to its end), it ends the reply with
+-- an end-of-generation token.
+local function constrained(agent)
+  local gstate, sampler, n = agent.grammar_start:clone(), agent.sampler, 0
+  local start, head = agent.protocol.call_start or "", "" -- the reply's first bytes
+  local w = {}
+  function w:sample(l)
+    if self.err then return nil, self.err end
+    if n >= agent.max_tokens and agent.eog and gstate:can_end()
+      and not (#head < #start and start:sub(1, #head) == head) then
+      return agent.eog
+    end
+    local work = l:clone()
+    local left, allowed = gstate:mask(work)
+    if left == nil then return nil, "grammar: " .. tostring(allowed) end
+    if left == 0 then return nil, "grammar: no token of the vocabulary is allowed here" end
+    if sampler then return sampler:sample(work) end
+    return work:argmax()
+  end
+  function w:accept(id)
+    local ok, err = gstate:accept(id)
+    if not ok then self.err = "the sampler picked a token the grammar refuses (" .. tostring(err) .. ")" end
+    n = n + 1
+    if #head < #start then head = head .. agent.model:piece(id, false) end
+    if sampler and sampler.accept then sampler:accept(id) end
+  end
+  return w
+end
+
 -- One generation from the synced session: the reply's text | nil, err.
 function Agent:generate()
   local pieces = {}
-  for piece in self.session:generate { max_tokens = self.max_tokens, sampler = self.sampler,
+  local sampler = self.sampler
+  if self.constrain then sampler = constrained(self) end
+  for piece in self.session:generate { max_tokens = self.reply_tokens, sampler = sampler,
                                        stop = self.protocol.stop } do
     pieces[#pieces + 1] = piece
     if self.on_piece then self.on_piece(piece) end
   end
+  if self.constrain and sampler.err then return nil, sampler.err end
   local reason = self.session.finish_reason
   if reason:match("^error") then return nil, reason:gsub("^error: ", "") end
   local reply = table.concat(pieces)
