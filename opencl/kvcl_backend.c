@@ -752,17 +752,15 @@ static kv_status upload_model(cl_state *S, kv_model *m, kv_error *e) {
     return KV_OK;
 }
 
-/* The prefill GEMM: measured once per device and shape (cached on disk);
- * KVLUA_CL_PREFILL=tiled|clblast forces one (benchmarks report both). */
-static kv_status choose_prefill(cl_state *S, kv_model *m, kv_error *e) {
-    const kv_weight *w = &m->layers[0].w_up;
-    bool measured;
-    kv_status st = kvcl_prefill_choose(S->c, w->type, w->rows, w->cols, 64, &measured, NULL, e);
-    if (st) return st;
+/* The prefill GEMM: the tiled kernels, which give a token the decode
+ * GEMV's bits, so a row's logits do not depend on the split of a prefill
+ * or on decoding (the engine's exactness). KVLUA_CL_PREFILL=clblast takes
+ * CLBlast's SGEMM instead (faster on some GPUs; its sums are in another
+ * order than the GEMV's, so that promise holds only within rounding);
+ * build/bench-opencl measures both. */
+static void choose_prefill(cl_state *S) {
     const char *force = getenv("KVLUA_CL_PREFILL");
-    if (force && strcmp(force, "tiled") == 0) S->c->prefill = KVCL_MM_TILED;
-    if (force && strcmp(force, "clblast") == 0 && kvcl_have_clblast()) S->c->prefill = KVCL_MM_CLBLAST;
-    return KV_OK;
+    S->c->prefill = force && strcmp(force, "clblast") == 0 && kvcl_have_clblast() ? KVCL_MM_CLBLAST : KVCL_MM_TILED;
 }
 
 kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e) {
@@ -785,7 +783,7 @@ kv_status kv_backend_cl_init(kv_backend *b, kv_model *m, int device, kv_error *e
     if (!st) st = upload_model(S, m, e);
     if (!st) st = kvcl_buf_create(S->c, KV_CHUNK * sizeof(int32_t), 1, &S->ids, e);
     if (!st) st = kvcl_buf_create(S->c, KV_CHUNK * sizeof(int32_t), 1, &S->pos, e);
-    if (!st) st = choose_prefill(S, m, e);
+    if (!st) choose_prefill(S);
     if (!st) st = kvcl_finish(S->c, e);
     if (st) {
         cl_close(b);

@@ -9,11 +9,11 @@
  *   CLBLAST  tiles of rows dequantized to float (deq_<type>) into scratch,
  *            then CLBlast's SGEMM; F32 weights go to SGEMM directly.
  *
- * Prefill (T > 1) takes TILED or CLBLAST, whichever kvcl_prefill_choose
- * measured faster on the device (the choice is kept on disk next to the
- * program binaries). Where the program's integer kernels compute (x86 CPU
- * drivers: c->int_dot), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K take them
- * for GEMV and TILED instead (their rows packed at upload: kvcl_weight.packed):
+ * Prefill (T > 1) takes the context's path: TILED, which gives a token
+ * the GEMV's bits, unless the backend was asked for CLBLAST
+ * (kvcl_prefill_choose measures both, for benchmarks). Where the
+ * program's integer kernels compute (x86 CPU drivers: c->int_dot), Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K take them for GEMV and TILED instead (their rows packed at upload: kvcl_weight.packed):
  * x quantized per 32 into scratch (quant_x), then
  * gemv_i8 / gemv3_i8 / tiled_i8 (matmul_i8.cl). Weights split over several buffer parts are handled
  * part by part: each launch covers the part's rows, writing the outputs of

@@ -77,7 +77,8 @@ bool kvcl_have_clblast(void);
  * and T tokens, makes the faster one the context's prefill path, and keeps
  * the choice in the cache directory (a later call with the same device and
  * shape reads it back: *measured false). gflops (may be NULL): {tiled,
- * clblast}, 0 when not measured now or unavailable. */
+ * clblast}, 0 when not measured now or unavailable. For benchmarks: the
+ * session backend takes TILED (exact) unless KVLUA_CL_PREFILL=clblast. */
 kv_status kvcl_prefill_choose(kvcl_ctx *c, int type, int64_t rows, int64_t cols, int64_t T, bool *measured,
                               double gflops[2], kv_error *e);
 int kvcl_prefill_path(const kvcl_ctx *c); /* KVCL_MM_TILED or KVCL_MM_CLBLAST */

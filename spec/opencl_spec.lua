@@ -390,3 +390,28 @@ describe("OpenCL fused decode launches: records of one width never overwrite the
     assert.equals("", exact_mismatches(nil, tiny_model(), 40, "1,39", 2))
   end)
 end)
+
+--  3. The prefill GEMM was measured at load and CLBlast taken where it was faster (GPUs):
+--     its SGEMM sums in another order than the decode GEMV, so a token decoded, or left
+--     alone in a chunk by a split, differed from its row in a prefill (the tiny model: up to
+--     0.008). The backend takes the tiled kernels; CLBlast only with KVLUA_CL_PREFILL=clblast.
+describe("OpenCL prefill GEMM: a faster CLBlast is not taken at the cost of exactness", function()
+  teardown(tiny.cleanup)
+
+  it("a cached choice of CLBlast is not taken: a split leaving one token, and decoding, keep the bits", function()
+    if not have_device then return pending("no OpenCL device") end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir .. "/kvlua/cl"))
+    -- the program binaries already built, if the default cache holds them (a cold build takes a minute)
+    local cache = os.getenv("XDG_CACHE_HOME") or (os.getenv("HOME") .. "/.cache")
+    os.execute(("cp %s/kvlua/cl/*.bin %s/kvlua/cl/ 2>/dev/null"):format(cache, dir))
+    local env, path = "XDG_CACHE_HOME=" .. dir, tiny_model()
+    exact_mismatches(env, path, 40, "39", 30) -- a first load keeps whatever it chose
+    os.execute(("for f in %s/kvlua/cl/*.prefill-*; do [ -f \"$f\" ] && echo 'clblast tiled 1 clblast 2 GFLOP/s' > \"$f\"; "
+      .. "done"):format(dir))
+    local out = exact_mismatches(env, path, 40, "39", 30)
+    os.execute("rm -rf " .. dir)
+    assert.equals("", out)
+  end)
+end)
