@@ -79,14 +79,16 @@ static void project_add_norm(kv_session *s, const kv_weight *w, const float *xin
     if (norm) add_norm(be, s->x, s->xb, s->xb, norm, T, n_embd, m->eps);
 }
 
-/* s owns the scratch; the T rows belong to seqs[0] (n_seqs == 1: T tokens
- * at its positions) or are one token of each of the n_seqs == T sessions.
+/* s owns the scratch; the T rows are rows[b] consecutive tokens of each
+ * session seqs[b] in turn (at its positions from seqs[b]->pos on), T the
+ * sum of rows[0..n_seqs).
  * Layer 0 starts from x; every later one from xb, the normed input the
  * layer before left there. A layer ends with x += its feed-forward output
  * and xb = rmsnorm(x) * next_norm (the next layer's attention norm, or the
  * output norm); next_norm NULL: the output stays in xb, for forward_rows
  * to add. */
-static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, int il, int T, const float *next_norm) {
+static bool forward_layer(kv_session *s, kv_session *const *seqs, const int *rows, int n_seqs, int il, int T,
+                          const float *next_norm) {
     kv_model *m = s->m;
     kv_backend *be = &m->be;
     const kv_model_info *in = &m->info;
@@ -112,13 +114,12 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
         .layer = il, .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .head_dim_v = hdv,
         .scale = m->kq_scale, .window = L->window, .softcap = 0.0f,
     };
-    /* the rows of session b: all T (one session) or row b (a batch) */
-    const int nt = n_seqs == 1 ? T : 1;
-    const bool batched = n_seqs > 1 && be->attention_batch;
+    /* one row of each session: one attention dispatch for all where the backend has it */
+    const bool batched = n_seqs > 1 && n_seqs == T && be->attention_batch;
     kv_kvcache *batch_kv[KV_CHUNK]; /* a batch's sessions' pages (n_seqs <= KV_CHUNK) */
-    for (int b = 0; b < n_seqs; b++) {
+    for (int b = 0, t0 = 0; b < n_seqs; t0 += rows[b], b++) {
         kv_session *q = seqs[b];
-        const int t0 = b * nt;
+        const int nt = rows[b]; /* the rows of session b: t0 .. t0 + nt - 1 */
         float *qb = s->q + (size_t)t0 * n_head * hd, *kb = s->k + (size_t)t0 * n_kv * hd;
         float *vb = s->v + (size_t)t0 * n_kv * hdv, *ob = s->att + (size_t)t0 * n_head * hdv;
         if (kv_type_rotated(kv_kvcache_ktype(q->kv, il))) { /* quantized pages hold rotated rows (quant.h) */
@@ -160,30 +161,36 @@ static bool forward_layer(kv_session *s, kv_session *const *seqs, int n_seqs, in
 
 /* ==== the whole pass ======================================================= */
 
-static bool forward_rows(kv_session *s, kv_session *const *seqs, int n_seqs, const int32_t *ids, int T,
-                         int logits_mode, float *logits) {
+/* The rows of forward_layer; logits (nw, n_vocab) for the rows want[0..nw)
+ * (ascending), every row when nw == T (want not read). */
+static bool forward_rows(kv_session *s, kv_session *const *seqs, const int *rows, int n_seqs, const int32_t *ids,
+                         int T, const int *want, int nw, float *logits) {
     kv_model *m = s->m;
     kv_backend *be = &m->be;
     const int n_embd = m->info.n_embd, n_vocab = m->info.n_vocab;
 
-    for (int t = 0; t < T; t++) s->pos_buf[t] = n_seqs == 1 ? seqs[0]->pos + t : seqs[t]->pos;
+    for (int b = 0, t = 0; b < n_seqs; b++)
+        for (int j = 0; j < rows[b]; j++) s->pos_buf[t++] = seqs[b]->pos + j;
     be->embed(be, &m->tok_embd, ids, T, s->x); /* (T, n_embd) */
     if (m->embd_scale != 1.0f) be->scale(be, s->x, (int64_t)T * n_embd, m->embd_scale);
 
-    /* rows wanted: the last one, or all (none: r0 = T). With all, the last
-     * layer ends with the output norm; else its output (xb) goes into every
-     * row of x (checked for finiteness after), then the norm of the rows */
-    const int r0 = logits_mode == KV_LOGITS_ALL ? 0 : logits_mode == KV_LOGITS_NONE ? T : T - 1, nr = T - r0;
+    /* With every row wanted, the last layer ends with the output norm; else
+     * its output (xb) goes into every row of x (checked for finiteness
+     * after), then the norm of each wanted row into xb's first nw rows */
+    const bool all = nw == T;
+    const int nr = nw;
     const int n_layer = m->info.n_layer;
     for (int il = 0; il < n_layer; il++) {
-        const float *next = il + 1 < n_layer ? m->layers[il + 1].attn_norm : r0 == 0 ? m->output_norm : NULL;
-        if (!forward_layer(s, seqs, n_seqs, il, T, next)) return false;
+        const float *next = il + 1 < n_layer ? m->layers[il + 1].attn_norm : all ? m->output_norm : NULL;
+        if (!forward_layer(s, seqs, rows, n_seqs, il, T, next)) return false;
     }
-    if (n_layer == 0 || r0 != 0) { /* else xb holds the output norm's rows */
+    if (n_layer == 0 || !all) { /* else xb holds the output norm's rows */
         if (n_layer > 0) be->add(be, s->x, s->xb, (int64_t)T * n_embd);
         if (nr == 0) return true;
-        const float *xr = s->x + (size_t)r0 * n_embd;                   /* (nr, n_embd) */
-        be->rmsnorm(be, s->xb, xr, m->output_norm, nr, n_embd, m->eps); /* (nr, n_embd) */
+        for (int j = 0; j < nr; j++) { /* (1, n_embd) each: a row's norm is the same alone */
+            const float *xr = s->x + (size_t)(all ? j : want[j]) * n_embd;
+            be->rmsnorm(be, s->xb + (size_t)j * n_embd, xr, m->output_norm, 1, n_embd, m->eps);
+        }
     }
     be->matmul(be, &m->output, NULL, s->xb, nr, logits, n_vocab, s->mm_scratch); /* (nr, n_vocab) */
     if (m->final_softcap > 0.0f) be->softcap(be, logits, (int64_t)nr * n_vocab, m->final_softcap);
@@ -191,9 +198,18 @@ static bool forward_rows(kv_session *s, kv_session *const *seqs, int n_seqs, con
 }
 
 bool kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float *logits) {
-    return forward_rows(s, &s, 1, ids, T, logits_mode, logits);
+    const int last = T - 1;
+    const int nw = logits_mode == KV_LOGITS_ALL ? T : logits_mode == KV_LOGITS_LAST ? 1 : 0;
+    return forward_rows(s, &s, &T, 1, ids, T, &last, nw, logits);
 }
 
 bool kv_forward_batch(kv_session *const *seqs, const int32_t *ids, int B, float *logits) {
-    return forward_rows(seqs[0], seqs, B, ids, B, KV_LOGITS_ALL, logits);
+    int ones[KV_CHUNK];
+    for (int b = 0; b < B; b++) ones[b] = 1;
+    return forward_rows(seqs[0], seqs, ones, B, ids, B, NULL, B, logits);
+}
+
+bool kv_forward_multi(kv_session *const *seqs, const int *rows, int n_seqs, const int32_t *ids, int T,
+                      const int *want, int nw, float *logits) {
+    return forward_rows(seqs[0], seqs, rows, n_seqs, ids, T, want, nw, logits);
 }

@@ -279,6 +279,17 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
  * nothing: on failure no session has moved. */
 kv_status kv_decode_batch(kv_session *const *ss, const int32_t *ids, size_t n, float *logits, kv_error *e);
 
+/* kv_session_eval of ids[i] (n_ids[i] >= 1 tokens) in session ss[i] for n
+ * distinct sessions of one model, rows of several sessions going through
+ * each forward pass together (up to KV_CHUNK rows a pass). logits_mode as
+ * kv_session_eval, logits[i] its output for session i (n_ids[i] or 1 rows of
+ * n_vocab; not read for KV_LOGITS_NONE). Every session ends with the same
+ * tokens, pages and logits, bit for bit, as kv_session_eval gives it alone
+ * (prefix reuse included). All or nothing: on failure every session is back
+ * at its position before the call. */
+kv_status kv_prefill_batch(kv_session *const *ss, const int32_t *const *ids, const size_t *n_ids, size_t n,
+                           int logits_mode, float *const *logits, kv_error *e);
+
 /* Writes the session (tokens and K/V pages) to path: written aside, renamed
  * over path once complete (a symbolic link is followed: the file it leads
  * to is replaced; a path that is not a regular file is refused). key: 32

@@ -100,5 +100,13 @@ bool kv_forward(kv_session *s, const int32_t *ids, int T, int logits_mode, float
 kv_status kv_session_alloc(kv_model *m, int n_ctx, kv_cache *pool, kv_session **out, kv_error *e);
 void kv_session_after_restore(kv_session *s);
 bool kv_forward_batch(kv_session *const *seqs, const int32_t *ids, int B, float *logits);
+/* One forward pass over rows[b] tokens of each session seqs[b] (n_seqs
+ * distinct sessions of one model, T = the sum of rows <= KV_CHUNK; ids: the
+ * sessions' tokens one after another, each at its positions from pos on),
+ * in seqs[0]'s scratch. logits: (nw, n_vocab) for the rows want[0..nw)
+ * (ascending), or every row when nw == T. Every row is the same bits
+ * kv_forward gives it alone. Does not move any pos. */
+bool kv_forward_multi(kv_session *const *seqs, const int *rows, int n_seqs, const int32_t *ids, int T,
+                      const int *want, int nw, float *logits);
 
 #endif

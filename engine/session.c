@@ -544,6 +544,8 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
     if ((st = kv_pool_busy(pool_of(s), s->kv, "eval", e))) return st;
 
     const int pos_before = s->pos;
+    kv_cache *c = pool_of(s);
+    const uint64_t hits = c->hits, misses = c->misses, reused_tokens = c->reused_tokens, reused = s->reused;
     s->kv->busy++; /* until it returns: an eviction policy it calls cannot change it */
     st = repair(s, e);
     int taken = 0;
@@ -556,6 +558,8 @@ kv_status kv_session_eval(kv_session *s, const int32_t *ids, size_t n, int logit
         s->pos = pos_before;
         trim_from(s, pos_before);
         s->holes = true; /* pages before pos_before may have been swapped or dropped */
+        /* nothing was reused after all: the counters as they were */
+        c->hits = hits, c->misses = misses, c->reused_tokens = reused_tokens, s->reused = reused;
     }
     s->kv->busy--;
     return st;
@@ -767,6 +771,133 @@ kv_status kv_decode_batch(kv_session *const *ss, const int32_t *ids, size_t n, f
     for (size_t i = 0; i < n; i++) ss[i]->kv->busy--;
     if (st) /* groups before the failed one have moved: take their tokens back */
         for (size_t i = 0; i + KV_CHUNK < off; i++) kv_session_rewind(ss[i], 1);
+    return st;
+}
+
+/* ==== batched prefill ================================================================ */
+
+/* One forward pass over a group of sessions' next pieces: pages prepared
+ * first (all or nothing), then each session moves on by its piece. ids:
+ * the pieces one after another; want[0..nw): the rows whose logits go to
+ * out (nw == T: all). */
+static kv_status prefill_group(kv_session *const *gs, const int *rows, int G, const int32_t *ids, int T,
+                               const int *want, int nw, float *out, kv_error *e) {
+    kv_backend *be = &gs[0]->m->be;
+    kv_status st = KV_OK;
+    for (int b = 0; b < G && st == KV_OK; b++) st = prepare_pages(gs[b], gs[b]->pos, rows[b], e);
+    if (st) return st;
+    for (int b = 0, t = 0; b < G; t += rows[b], b++)
+        memcpy(gs[b]->tokens + gs[b]->pos, ids + t, (size_t)rows[b] * sizeof *ids);
+    bool finite = kv_forward_multi(gs, rows, G, ids, T, want, nw, out);
+    if (be->status && (st = be->status(be, e))) return st; /* a device error, kept by the backend */
+    if (!finite) return kv_fail(e, KV_ERR_NUMERIC, "prefill_batch: non-finite queries or keys (corrupted weights?)");
+    bool ok = be->all_finite(be, gs[0]->x, (int64_t)T * gs[0]->m->info.n_embd) &&
+              (!nw || be->all_finite(be, out, (int64_t)nw * gs[0]->m->info.n_vocab));
+    if (be->status && (st = be->status(be, e))) return st;
+    if (!ok)
+        return kv_fail(e, KV_ERR_NUMERIC, "prefill_batch: non-finite activations or logits (corrupted weights?)");
+    for (int b = 0; b < G; b++) {
+        gs[b]->pos += rows[b];
+        seal_full_pages(gs[b]);
+        drop_window_pages(gs[b]);
+    }
+    return KV_OK;
+}
+
+/* After each session's repair and prefix reuse, the tokens left are cut
+ * into groups of at most KV_CHUNK rows, taken in session order (a session
+ * longer than the room left continues in the next group), so a session is
+ * at most once in a group and its pieces go in order. */
+static kv_status prefill_batch(kv_session *const *ss, const int32_t *const *ids, const size_t *n_ids, size_t n,
+                               int mode, float *const *logits, int *cur, kv_error *e) {
+    const int n_vocab = ss[0]->m->info.n_vocab;
+    kv_status st = KV_OK;
+    size_t left = 0; /* tokens to compute */
+    for (size_t i = 0; i < n && st == KV_OK; i++) {
+        int max_take = mode == KV_LOGITS_ALL ? 0 : mode == KV_LOGITS_LAST ? (int)n_ids[i] - 1 : (int)n_ids[i];
+        st = repair(ss[i], e);
+        if (st == KV_OK) st = reuse(ss[i], ids[i], (int)n_ids[i], max_take, &cur[i], e);
+        left += n_ids[i] - (size_t)cur[i];
+    }
+    if (st) return st;
+    const size_t out_rows = mode == KV_LOGITS_NONE ? 0 : left < KV_CHUNK ? left : KV_CHUNK;
+    float *out = out_rows ? malloc(out_rows * (size_t)n_vocab * sizeof *out) : NULL;
+    if (out_rows && !out) return kv_fail(e, KV_ERR_NOMEM, "prefill_batch: out of memory for logits");
+    kv_session *gs[KV_CHUNK];
+    int rows[KV_CHUNK], owner[KV_CHUNK], want[KV_CHUNK];
+    int32_t gids[KV_CHUNK];
+    size_t i = 0;
+    while (st == KV_OK) {
+        int G = 0, T = 0, nw = 0;
+        for (; i < n && T < KV_CHUNK; i++) { /* fill the group */
+            int k = (int)n_ids[i] - cur[i];
+            if (k == 0) continue;
+            if (k > KV_CHUNK - T) k = KV_CHUNK - T;
+            memcpy(gids + T, ids[i] + cur[i], (size_t)k * sizeof *gids);
+            if (mode == KV_LOGITS_LAST && cur[i] + k == (int)n_ids[i]) want[nw++] = T + k - 1;
+            gs[G] = ss[i], rows[G] = k, owner[G] = (int)i, G++;
+            T += k;
+            if (cur[i] + k < (int)n_ids[i]) break; /* continues in the next group */
+        }
+        if (G == 0) break;
+        if (mode == KV_LOGITS_ALL) nw = T;
+        st = prefill_group(gs, rows, G, gids, T, want, nw, out, e);
+        if (st) break;
+        for (int b = 0, r = 0, w = 0; b < G; r += rows[b], b++) { /* the logits to their sessions */
+            const int o = owner[b];
+            if (mode == KV_LOGITS_ALL)
+                memcpy(logits[o] + (size_t)cur[o] * n_vocab, out + (size_t)r * n_vocab,
+                       (size_t)rows[b] * n_vocab * sizeof *out);
+            else if (mode == KV_LOGITS_LAST && w < nw && want[w] == r + rows[b] - 1)
+                memcpy(logits[o], out + (size_t)(w++) * n_vocab, (size_t)n_vocab * sizeof *out);
+            cur[o] += rows[b];
+        }
+    }
+    free(out);
+    return st;
+}
+
+kv_status kv_prefill_batch(kv_session *const *ss, const int32_t *const *ids, const size_t *n_ids, size_t n,
+                           int logits_mode, float *const *logits, kv_error *e) {
+    if (!ss || !ids || !n_ids || n == 0) return kv_fail(e, KV_ERR_ARG, "prefill_batch: no sessions");
+    if (logits_mode != KV_LOGITS_NONE && logits_mode != KV_LOGITS_LAST && logits_mode != KV_LOGITS_ALL)
+        return kv_fail(e, KV_ERR_ARG, "prefill_batch: bad logits mode %d", logits_mode);
+    if (logits_mode != KV_LOGITS_NONE && !logits) return kv_fail(e, KV_ERR_ARG, "prefill_batch: logits is NULL");
+    const kv_model *m = ss[0] ? ss[0]->m : NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!ss[i]) return kv_fail(e, KV_ERR_ARG, "prefill_batch: session %zu is NULL", i + 1);
+        if (ss[i]->m != m) return kv_fail(e, KV_ERR_ARG, "prefill_batch: session %zu belongs to another model", i + 1);
+        for (size_t j = 0; j < i; j++)
+            if (ss[j] == ss[i]) return kv_fail(e, KV_ERR_ARG, "prefill_batch: session %zu appears twice", i + 1);
+        if (!ids[i] || n_ids[i] == 0) return kv_fail(e, KV_ERR_ARG, "prefill_batch: session %zu has no tokens", i + 1);
+        if (logits_mode != KV_LOGITS_NONE && !logits[i])
+            return kv_fail(e, KV_ERR_ARG, "prefill_batch: logits of session %zu is NULL", i + 1);
+        for (size_t j = 0; j < n_ids[i]; j++)
+            if (ids[i][j] < 0 || ids[i][j] >= m->info.n_vocab)
+                return kv_fail(e, KV_ERR_ARG, "prefill_batch: token id %d at index %zu (session %zu) is out of range [0, %d)",
+                               (int)ids[i][j], j + 1, i + 1, m->info.n_vocab);
+        if (n_ids[i] > (size_t)(ss[i]->n_ctx - ss[i]->pos))
+            return kv_fail(e, KV_ERR_CONTEXT_FULL, "context full: session %zu holds %d tokens + %zu new > n_ctx %d",
+                           i + 1, ss[i]->pos, n_ids[i], ss[i]->n_ctx);
+        kv_status busy = kv_pool_busy(pool_of(ss[i]), ss[i]->kv, "prefill_batch", e);
+        if (busy) return busy;
+    }
+    int *pos0 = malloc(2 * n * sizeof *pos0);
+    if (!pos0) return kv_fail(e, KV_ERR_NOMEM, "prefill_batch: out of memory");
+    int *cur = pos0 + n; /* tokens of ids[i] in session i so far */
+    for (size_t i = 0; i < n; i++) pos0[i] = ss[i]->pos, cur[i] = 0;
+    /* every session busy until it returns: a policy one of them calls
+     * cannot change any (see kv_pool_busy) */
+    for (size_t i = 0; i < n; i++) ss[i]->kv->busy++;
+    kv_status st = prefill_batch(ss, ids, n_ids, n, logits_mode, logits, cur, e);
+    if (st) /* every session back where it was (see kv_session_eval) */
+        for (size_t i = 0; i < n; i++) {
+            ss[i]->pos = pos0[i];
+            trim_from(ss[i], pos0[i]);
+            ss[i]->holes = true;
+        }
+    for (size_t i = 0; i < n; i++) ss[i]->kv->busy--;
+    free(pos0);
     return st;
 }
 

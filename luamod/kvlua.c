@@ -1310,6 +1310,107 @@ static int l_decode_batch(lua_State *L) {
     return 1;
 }
 
+/* kvlua.prefill_batch({s1, s2, ...}, {ids1, ids2, ...}, {logits = "last"}) --> {r1, r2, ...} | nil, err:
+ * s_i:prefill(ids_i, opts) for distinct sessions of one model, the rows of
+ * several sessions going through each forward pass together; r_i is what
+ * that prefill returns (a Logits, or true for logits = "none"), the same
+ * bits. Every session is kept on the stack and marked busy for the call. */
+static int l_prefill_batch(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+    const char *lg = l_opt_str(L, 3, "logits", "last");
+    int mode;
+    if (!strcmp(lg, "last")) mode = KV_LOGITS_LAST;
+    else if (!strcmp(lg, "all")) mode = KV_LOGITS_ALL;
+    else if (!strcmp(lg, "none")) mode = KV_LOGITS_NONE;
+    else return luaL_error(L, "option 'logits' must be \"last\", \"all\" or \"none\"");
+    lua_settop(L, 2);
+    lua_Integer n = luaL_len(L, 1);
+    if (n < 1 || n > L_MAX_BATCH) luaL_argerror(L, 1, "between 1 and 4096 sessions");
+    if (luaL_len(L, 2) != n) luaL_argerror(L, 2, "one array of token ids per session");
+    luaL_checkstack(L, (int)(2 * n + 16), "prefill_batch");
+    kv_session **ss = lua_newuserdatauv(L, (size_t)n * sizeof *ss, 0);
+    l_session **lss = lua_newuserdatauv(L, (size_t)n * sizeof *lss, 0);
+    const int32_t **ids = lua_newuserdatauv(L, (size_t)n * sizeof *ids, 0);
+    size_t *n_ids = lua_newuserdatauv(L, (size_t)n * sizeof *n_ids, 0);
+    float **outs = lua_newuserdatauv(L, (size_t)n * sizeof *outs, 0);
+    lua_createtable(L, (int)n, 0); /* the ids buffers, kept alive */
+    const int ids_t = lua_gettop(L);
+    lua_createtable(L, (int)n, 0); /* the results */
+    const int out_t = lua_gettop(L);
+    const int base = lua_gettop(L); /* sessions at base + 2i - 1, their guards above each */
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_geti(L, 1, i);
+        if (!luaL_testudata(L, -1, L_SESSION)) luaL_error(L, "prefill_batch: entry %I is not a session", (LUAI_UACINT)i);
+        l_session *ls = l_session_check(L, -1);
+        for (lua_Integer j = 1; j < i; j++)
+            if (lss[j - 1] == ls) luaL_error(L, "prefill_batch: session %I appears twice", (LUAI_UACINT)i);
+        if (i > 1 && ls->lm != lss[0]->lm) luaL_error(L, "prefill_batch: session %I belongs to another model", (LUAI_UACINT)i);
+        lua_getiuservalue(L, -1, L_SESSION_GUARD);
+        lua_toclose(L, -1);
+        ls->o.busy++;
+        lss[i - 1] = ls;
+        ss[i - 1] = ls->s;
+    }
+    const int n_vocab = kv_model_info_get(lss[0]->lm->m)->n_vocab;
+    size_t total = 0;
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_geti(L, 2, i);
+        if (lua_type(L, -1) != LUA_TTABLE) luaL_error(L, "prefill_batch: entry %I of the ids is not an array", (LUAI_UACINT)i);
+        size_t len = l_ids_len(L, -1);
+        if (len == 0) luaL_error(L, "prefill_batch: empty token list for session %I", (LUAI_UACINT)i);
+        ids[i - 1] = l_check_ids(L, lua_gettop(L), len, n_vocab);
+        lua_rawseti(L, ids_t, i);
+        lua_pop(L, 1);
+        n_ids[i - 1] = len;
+        total += len;
+    }
+    l_model_not_in_policy(L, lss[0]->lm, "prefill_batch");
+    for (lua_Integer i = 0; i < n; i++) { /* before any Logits is made */
+        int r = l_session_room(L, lss[i], n_ids[i]);
+        if (r) {
+            lua_pushfstring(L, "session %I: %s", (LUAI_UACINT)(i + 1), lua_tostring(L, -1));
+            lua_remove(L, -2);
+            return r;
+        }
+    }
+    kv_error e = {{0}};
+    if (kv_model_check_file(lss[0]->lm->m, &e) != KV_OK) return l_fail(L, e.msg);
+    for (lua_Integer i = 1; i <= n; i++) { /* the forward passes write into these */
+        if (mode == KV_LOGITS_NONE) {
+            outs[i - 1] = NULL;
+            lua_pushboolean(L, 1);
+        } else {
+            outs[i - 1] = l_logits_push(L, n_vocab, mode == KV_LOGITS_ALL ? (int)n_ids[i - 1] : 1);
+        }
+        lua_rawseti(L, out_t, i);
+    }
+    for (lua_Integer i = 0; i < n; i++) l_cache_before_eval(L, lss[i]->lc);
+    double t0 = l_now();
+    kv_status st = kv_prefill_batch(ss, ids, n_ids, (size_t)n, mode, outs, &e);
+    double dt = l_now() - t0;
+    for (lua_Integer i = 0; i < n; i++) l_cache_after_eval(L, lss[i]->lc); /* raises what a policy raised */
+    if (st != KV_OK) return l_fail(L, e.msg);
+    for (lua_Integer i = 1; i <= n; i++) {
+        const int si = base + 2 * (int)i - 1;
+        if (mode == KV_LOGITS_NONE) {
+            lua_pushliteral(L, "no logits: the last eval computed none (prefill with logits = \"none\")");
+        } else if (mode == KV_LOGITS_ALL && n_ids[i - 1] > 1) { /* the session remembers its last logits */
+            float *last = l_logits_push(L, n_vocab, 1);
+            memcpy(last, outs[i - 1] + (n_ids[i - 1] - 1) * (size_t)n_vocab, (size_t)n_vocab * sizeof(float));
+        } else {
+            lua_rawgeti(L, out_t, i);
+        }
+        lua_setiuservalue(L, si, 2);
+        lss[i - 1]->gen++;
+        /* the call's time shared by tokens, so sums over sessions add up */
+        l_session_count(lss[i - 1], n_ids[i - 1], dt * (double)n_ids[i - 1] / (double)total, 0);
+    }
+    lua_pushvalue(L, out_t);
+    return 1;
+}
+
 /* kvlua.clock() --> seconds of a monotonic clock (the one stats() times with) */
 static int l_clock(lua_State *L) {
     lua_pushnumber(L, l_now());
@@ -1320,6 +1421,7 @@ static const luaL_Reg l_funcs[] = {
     {"load", l_load},
     {"cache", l_cache_new},
     {"decode_batch", l_decode_batch},
+    {"prefill_batch", l_prefill_batch},
     {"clock", l_clock},
     {"restore", l_restore},
     {"devices", l_devices},
