@@ -138,9 +138,10 @@ bool kv_vocab_is_eog(const kv_vocab *v, int32_t id);
  * texts in the input. Invalid UTF-8 is handled as the reference does. */
 kv_status kv_tokenize(const kv_vocab *v, const char *text, size_t len, bool add_special,
                       bool parse_special, int32_t **ids, size_t *n, kv_error *e);
-/* kv_tokenize where literal (NULL, or len bytes) marks bytes that are plain
- * text: a special-token text overlapping a nonzero literal[i] is not
- * recognized (a chat's message contents, tokenized inside its markup). */
+/* kv_tokenize where literal (NULL, or len bytes) marks bytes read as with
+ * parse_special false: a control or unknown token's text overlapping a
+ * nonzero literal[i] is not recognized (a chat's message contents,
+ * tokenized inside its markup); user-defined tokens are, as always. */
 kv_status kv_tokenize_literal(const kv_vocab *v, const char *text, size_t len, bool add_special,
                               bool parse_special, const uint8_t *literal, int32_t **ids, size_t *n, kv_error *e);
 

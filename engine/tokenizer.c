@@ -801,8 +801,9 @@ static kv_status partition(const kv_vocab *v, const char *text, size_t len, bool
                     q = (size_t)((const uint8_t *)z - covered);
                     continue;
                 }
-                /* an occurrence touching literal bytes is text: go on past its last one */
-                if (literal) {
+                /* literal bytes are read as without parse_special: a control (or unknown)
+                 * token touching them is text; go on past the last one */
+                if (literal && (v->attr[id] & (KV_TOKEN_CONTROL | KV_TOKEN_UNKNOWN))) {
                     c = p + tl;
                     while (c > p && !literal[c - 1]) c--;
                     if (c > p) {

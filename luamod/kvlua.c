@@ -472,8 +472,8 @@ static int l_vocab_tokenize(lua_State *L, const kv_vocab *v, int arg) {
     if (!lua_isnoneornil(L, arg + 1)) luaL_checktype(L, arg + 1, LUA_TTABLE);
     int add_special = l_opt_bool(L, arg + 1, "add_special", 1);
     int parse_special = l_opt_bool(L, arg + 1, "parse_special", 0);
-    /* literal = { {i, j}, ... }: byte ranges text:sub(i, j) that are plain
-     * text, where no special token is recognized */
+    /* literal = { {i, j}, ... }: byte ranges text:sub(i, j) read as with
+     * parse_special false (no control token is recognized there) */
     uint8_t *literal = NULL;
     if (l_opt_field(L, arg + 1, "literal") != LUA_TNIL) {
         if (!lua_istable(L, -1)) luaL_error(L, "option 'literal' must be an array of {i, j} byte ranges");

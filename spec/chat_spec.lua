@@ -293,6 +293,18 @@ describe("model:tokenize{ literal = ... }", function()
       tok(s, { add_special = false, parse_special = true, literal = { { 3, 2 } } }))
   end)
 
+  it("reads a literal range as parse_special = false does: user-defined tokens still count", function()
+    -- deepseek-coder's "õ" is a user-defined token: llama.cpp reads it even without parse_special
+    local ds = assert(kvlua.load(models.vocab_dir .. "/ggml-vocab-deepseek-coder.gguf"))
+    local eos = ds:token_text(ds.vocab.eos)
+    local s = "aõb" .. eos
+    local plain = ds:tokenize(s, { add_special = false, parse_special = false })
+    assert.are.same(plain, ds:tokenize(s, { add_special = false, parse_special = true, literal = { { 1, #s } } }))
+    assert.are.same(ds:tokenize("õ", { add_special = false, parse_special = false }), { plain[2] })
+    assert.are_not.equal(ds.vocab.eos, plain[#plain])
+    ds:close()
+  end)
+
   it("raises on malformed ranges", function()
     assert.has_error(function() tok("abc", { literal = 1 }) end)
     assert.has_error(function() tok("abc", { literal = { 1 } }) end)
