@@ -883,9 +883,18 @@ kv_status kv_prefill_batch(kv_session *const *ss, const int32_t *const *ids, con
         if (busy) return busy;
     }
     int *pos0 = malloc(2 * n * sizeof *pos0);
-    if (!pos0) return kv_fail(e, KV_ERR_NOMEM, "prefill_batch: out of memory");
+    uint64_t *was = malloc(4 * n * sizeof *was); /* each session's reused count, its cache's counters */
+    if (!pos0 || !was) {
+        free(pos0), free(was);
+        return kv_fail(e, KV_ERR_NOMEM, "prefill_batch: out of memory");
+    }
     int *cur = pos0 + n; /* tokens of ids[i] in session i so far */
-    for (size_t i = 0; i < n; i++) pos0[i] = ss[i]->pos, cur[i] = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kv_cache *c = pool_of(ss[i]);
+        pos0[i] = ss[i]->pos, cur[i] = 0;
+        was[4 * i] = ss[i]->reused, was[4 * i + 1] = c->hits, was[4 * i + 2] = c->misses;
+        was[4 * i + 3] = c->reused_tokens;
+    }
     /* every session busy until it returns: a policy one of them calls
      * cannot change any (see kv_pool_busy) */
     for (size_t i = 0; i < n; i++) ss[i]->kv->busy++;
@@ -895,9 +904,14 @@ kv_status kv_prefill_batch(kv_session *const *ss, const int32_t *const *ids, con
             ss[i]->pos = pos0[i];
             trim_from(ss[i], pos0[i]);
             ss[i]->holes = true;
+            /* nothing was reused after all: the counters as they were (all taken before any changed) */
+            kv_cache *c = pool_of(ss[i]);
+            ss[i]->reused = was[4 * i], c->hits = was[4 * i + 1], c->misses = was[4 * i + 2];
+            c->reused_tokens = was[4 * i + 3];
         }
     for (size_t i = 0; i < n; i++) ss[i]->kv->busy--;
     free(pos0);
+    free(was);
     return st;
 }
 
