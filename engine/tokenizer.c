@@ -1635,10 +1635,15 @@ kv_status kv_vocab_load(const kv_gguf *g, kv_vocab **out, kv_error *e) {
         scratch w = {0};
         ivec ids = {0};
         kv_error e2;
-        if (bpe_fragment(v, &w, "\n", 1, &ids, &e2) == KV_OK && ids.n) v->sp.nl = ids.p[0];
+        kv_status s2 = bpe_fragment(v, &w, "\n", 1, &ids, &e2);
+        if (s2 == KV_OK && ids.n) v->sp.nl = ids.p[0];
         else v->sp.nl = v->sp.pad;
         scratch_free(&w);
         free(ids.p);
+        if (s2 == KV_ERR_NOMEM) { /* not "no newline token": a vocabulary unlike the file's */
+            st = kv_fail(e, KV_ERR_NOMEM, "vocab: out of memory finding the newline token");
+            goto fail;
+        }
     }
     *out = v;
     return KV_OK;
