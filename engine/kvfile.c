@@ -951,11 +951,11 @@ kv_status kv_cache_restore_fp(kv_cache *c, FILE *f, const uint8_t *key, int64_t 
     ids = malloc(NN * (size_t)pt * sizeof *ids);
     slot = malloc(NN * (size_t)G * sizeof *slot);
     pn = malloc(NN * sizeof *pn);
+    for (size_t i = 0; slot && i < NN * (size_t)G; i++) slot[i] = -1; /* before any failure: done reads it */
     if (!hash || !parent || !ids || !slot || !pn) {
         st = kv_fail(e, KV_ERR_NOMEM, "restore: out of memory");
         goto done;
     }
-    for (size_t i = 0; i < NN * (size_t)G; i++) slot[i] = -1;
     /* nodes: every hash recomputed from this cache's h_0 */
     int32_t *depth = pn; /* (until the nodes are made) */
     for (uint32_t k = 0; k < n_nodes && !r.st; k++) {
