@@ -260,7 +260,12 @@ static kv_status stream_init(kvf_stream *s, FILE *f, bool enc, const char *magic
     s->f = f, s->enc = enc, s->e = e, s->first = true;
     s->buf = malloc(KVF_CHUNK);
     s->cbuf = enc ? malloc(KVF_CHUNK + KVF_ABYTES) : NULL;
-    if (!s->buf || (enc && !s->cbuf)) return kv_fail(e, KV_ERR_NOMEM, "kv file: out of memory");
+    if (!s->buf || (enc && !s->cbuf)) { /* neither is kept: readers free the stream only when buf is set */
+        free(s->buf);
+        free(s->cbuf);
+        s->buf = s->cbuf = NULL;
+        return kv_fail(e, KV_ERR_NOMEM, "kv file: out of memory");
+    }
     memcpy(s->pre, magic, 8);
     put_u32(s->pre + 8, version);
     put_u32(s->pre + 12, enc ? 1u : 0u);
