@@ -32,6 +32,11 @@
 -- pages and prefills only the choice. The first choice token's log-prob
 -- comes from the context's last logits; the choice's last token is never fed
 -- (nothing after it is scored), so a one-token choice needs no fork at all.
+-- Batching. The first context of a batch is prefilled alone (so that the
+-- prefix it shares with the others is cached), the others together in one
+-- kvlua.prefill_batch; the forks of every choice of the batch go through
+-- kvlua.prefill_batch too, about 128 choice tokens (one forward pass) at a
+-- time: many tiny prefills become a few passes of many rows.
 -- --no-cache scores every choice from scratch instead: a fresh session
 -- without a cache prefills the context and the choice in one call and reads
 -- every row. That is the scorer the saving is counted against:
@@ -219,6 +224,7 @@ end
 
 -- ==== scoring ================================================================
 
+local kvlua = require "kvlua"
 local counts = { naive = 0, computed = 0, reused = 0, seconds = 0 }
 
 -- A task that failed while scoring (a prefill or fork that failed): reported, skipped.
@@ -285,42 +291,107 @@ local function score_from_scratch(t)
   end
 end
 
--- The batch's contexts prefilled from the cache, then each choice on a fork.
-local function score_shared(tasks, cache)
-  local held = {}
+local WAVE_ROWS = 128 -- choice tokens of the forks in flight together (the engine's rows per pass)
+
+-- The contexts of the batch, each in a session from the cache: the first
+-- alone (so that a prefix the others share is cached), the others in one
+-- kvlua.prefill_batch, each reusing what the cache holds (or one by one
+-- when the batch fails, so that the failing item is the one reported).
+-- Returns held[i] = {s =, l = last logits} for the tasks that started.
+local function prefill_contexts(tasks, cache)
+  local held, rest, ss, ids = {}, {}, {}, {}
   for i, t in ipairs(tasks) do
-    local s, l = context_session(t, cache)
-    if s then held[i] = { s = s, l = l } else fail(t, l) end
+    if i == 1 then
+      local s, l = context_session(t, cache)
+      if s then held[i] = { s = s, l = l } else fail(t, l) end
+    else
+      local s, serr = model:session { ctx = session_ctx(t), cache = cache }
+      if s then
+        rest[#rest + 1], ss[#ss + 1], ids[#ids + 1] = i, s, t.context
+      else
+        fail(t, serr)
+      end
+    end
   end
+  local ls = #ss > 0 and kvlua.prefill_batch(ss, ids) or nil
+  for j, i in ipairs(rest) do
+    local l, perr = ls and ls[j], nil
+    if not l then l, perr = ss[j]:prefill(tasks[i].context) end
+    if l then
+      held[i] = { s = ss[j], l = l }
+    else
+      retire(ss[j])
+      fail(tasks[i], perr)
+    end
+  end
+  return held
+end
+
+-- Scores jobs {t =, k =, h =} (choices of more than one token) on forks of
+-- their items' sessions, WAVE_ROWS choice tokens at a time through
+-- kvlua.prefill_batch (one by one when a wave fails).
+local function score_forks(jobs)
+  local first = 1
+  while first <= #jobs do
+    local wave, forks, ids, rows = {}, {}, {}, 0
+    for j = first, #jobs do
+      local job, n = jobs[j], #jobs[j].t.choices[jobs[j].k] - 1
+      if #wave > 0 and rows + n > WAVE_ROWS then break end
+      first, rows = j + 1, rows + n
+      if not job.t.error then
+        local f, ferr = job.h.s:fork()
+        if f then
+          wave[#wave + 1], forks[#forks + 1] = job, f
+          ids[#ids + 1] = table.move(job.t.choices[job.k], 1, n, 1, {})
+        else
+          fail(job.t, ferr)
+        end
+      end
+    end
+    local ls = #forks > 0 and kvlua.prefill_batch(forks, ids, { logits = "all" }) or nil
+    for j, job in ipairs(wave) do
+      local t, choice = job.t, job.t.choices[job.k]
+      local l, perr = ls and ls[j], nil
+      if not l and not t.error then l, perr = forks[j]:prefill(ids[j], { logits = "all" }) end
+      if l then
+        local lp = { job.h.l:logprob(choice[1]) }
+        for r = 2, #choice do lp[r] = l:logprob(choice[r], r - 1) end
+        t.logprobs[job.k] = lp
+      elseif not t.error then
+        fail(t, perr)
+      end
+      retire(forks[j])
+    end
+  end
+end
+
+-- The batch's contexts prefilled from the cache, then each choice on a fork
+-- (the choices of every item of the batch together).
+local function score_shared(tasks, cache)
+  local held, jobs = prefill_contexts(tasks, cache), {}
   for i, t in ipairs(tasks) do
     local h = held[i]
     if h then
       t.logprobs = {}
       for k, choice in ipairs(t.choices) do
-        local lp, perr
         if #choice == 1 then
-          lp = choice_logprobs(h.l, h.s, choice)
+          t.logprobs[k] = choice_logprobs(h.l, h.s, choice)
         else
-          local f, ferr = h.s:fork()
-          if f then
-            lp, perr = choice_logprobs(h.l, f, choice)
-            retire(f)
-          else
-            perr = ferr
-          end
+          jobs[#jobs + 1] = { t = t, k = k, h = h }
         end
-        if not lp then fail(t, perr); break end
-        t.logprobs[k] = lp
       end
-      retire(h.s)
     end
   end
+  score_forks(jobs)
+  for i in pairs(held) do retire(held[i].s) end
 end
 
--- Pages one item holds at most: its context, and one fork's choice.
+-- Pages one item holds at most: its context, and a fork for each choice.
 local function item_pages(t)
   local n = #t.context
-  return (n + PAGE_TOKENS - 1) // PAGE_TOKENS + (session_ctx(t) + PAGE_TOKENS - 1) // PAGE_TOKENS - n // PAGE_TOKENS
+  local pages = (n + PAGE_TOKENS - 1) // PAGE_TOKENS
+  for _, c in ipairs(t.choices) do pages = pages + (n + #c + PAGE_TOKENS - 1) // PAGE_TOKENS - n // PAGE_TOKENS end
+  return pages
 end
 
 -- A cache for batches of these tasks: twice what the largest batch holds,
@@ -334,7 +405,6 @@ local function make_cache(tasks)
     end
     widest = math.max(widest, need)
   end
-  local kvlua = require "kvlua"
   local cache, cerr = kvlua.cache(model, { pages = 2 * widest, page_tokens = PAGE_TOKENS })
   if not cache then cli.die("kvlua.cache: " .. cerr, 1) end
   return cache
@@ -371,6 +441,7 @@ local tasks = read_tasks()
 local cache = not o.no_cache and make_cache(tasks) or nil
 local bar = progress.new { total = #tasks, label = "items", mode = o.quiet and "off" or nil }
 local records = {}
+local t_start = kvlua.clock()
 for i = 1, #tasks, batch do
   local group = {}
   for j = i, math.min(i + batch - 1, #tasks) do
@@ -392,6 +463,7 @@ for i = 1, #tasks, batch do
   end
   bar:update(#records)
 end
+local wall = kvlua.clock() - t_start
 if out then out:close() end
 
 local summary = tally(records)
@@ -403,6 +475,7 @@ summary.shard = shard and (shard.index .. "/" .. shard.count) or json.null
 summary.lines = { first = reader.first, last = math.max(reader.first - 1, reader.last) }
 summary.batch, summary.cache = batch, cache ~= nil
 summary.seconds = counts.seconds
+summary.wall_seconds = wall -- the scoring loop: tokenizing aside, forks, Lua, writing --out
 summary.model, summary.threads = model.info.name, model.info.threads
 bar:finish(nil)
 if #tasks == 0 then
