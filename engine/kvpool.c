@@ -871,7 +871,10 @@ kv_status kv_cache_pin(kv_cache *c, const int32_t *ids, size_t n, bool pin, kv_e
         int32_t *cnt = hmap_get(&c->pins, k);
         if (pin) {
             if (cnt) (*cnt)++;
-            else if (!hmap_put(&c->pins, k, 1)) return kv_fail(e, KV_ERR_NOMEM, "cache: out of memory");
+            else if (!hmap_put(&c->pins, k, 1)) {
+                kv_cache_pin(c, ids, i * (size_t)c->pt, false, NULL); /* the pages before, as they were */
+                return kv_fail(e, KV_ERR_NOMEM, "cache: out of memory");
+            }
         } else if (cnt && --*cnt == 0) {
             hmap_del(&c->pins, k);
         }
