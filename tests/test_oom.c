@@ -1,6 +1,6 @@
 /*
  * test_oom.c — allocation-failure injection over load, evaluation, forks,
- * session and cache files, and page growth, as SQLite tests its allocator.
+ * session and cache files, page growth and pins, as SQLite tests its allocator.
  *
  * The engine's calls to malloc, calloc, realloc, posix_memalign,
  * aligned_alloc, strdup, free, mmap, munmap, fopen, fdopen and fclose go
@@ -35,6 +35,7 @@
  *      counters (hits, misses, reused tokens) it had raised.
  *   4. kv_vocab_load: out of memory finding the newline token gave a model
  *      with another nl instead of an error.
+ *   5. kv_cache_pin: out of memory midway left the pages before it pinned.
  */
 #define _GNU_SOURCE
 #include "gguf_writer.h"
@@ -881,6 +882,27 @@ static void scen_growth(void) {
     kv_session_close(s);
 }
 
+/* Pins over many pages (the pin table grows midway), unpinned again. */
+static void scen_pins(void) {
+    kv_cache *c = NULL;
+    kv_session *s = NULL;
+    watch w0 = {.sess = {&s}, .n_sess = 1, .caches = {&c}, .n_caches = 1}, *W = &w0;
+    int32_t ids[60];
+    ids_of(ids, 60, 8);
+    kv_cache_params cp = {.pages = 80, .page_tokens = 1, .ktype = KV_TYPE_F16, .vtype = KV_TYPE_F16, .prefix = true};
+    STEP_OUT(c, kv_cache_open(g_ml, &cp, &c, &E));
+    kv_session_params sp = {.n_ctx = 64, .cache = c};
+    STEP_OUT(s, kv_session_open_p(g_ml, &sp, &s, &E));
+    STEP(kv_session_eval(s, ids, 60, KV_LOGITS_NONE, NULL, &E));
+    kv_session_close(s);
+    s = NULL;
+    STEP(kv_cache_pin(c, ids, 60, true, &E));
+    keep_stats(c);
+    STEP(kv_cache_pin(c, ids, 60, false, &E));
+    keep_stats(c);
+    kv_cache_close(c);
+}
+
 /* ==== the driver ================================================================ */
 
 static result g_base, g_cur;
@@ -996,6 +1018,7 @@ int main(void) {
     scenario("session files: save, restore", scen_session_file, stride);
     scenario("cache files: save, restore", scen_cache_file, stride);
     scenario("private pool growth", scen_growth, stride);
+    scenario("pins over many pages", scen_pins, stride);
 
     kv_model_close(g_ml);
     kv_model_close(g_mg);
