@@ -811,6 +811,8 @@ kv_status kv_grammar_compile(const char *text, size_t len, const char *root, kv_
     if (!root) root = "root";
     g_parser p = {.src = text, .len = len, .e = e, .st = KV_OK};
     kv_grammar *g = NULL;
+    /* never NULL, even for a grammar of `.` only (ranges + 0 on NULL is undefined) */
+    if (!grow((void **)&p.ranges, &p.cap_ranges, 1, sizeof *p.ranges)) goto nomem;
     if (!parse_grammar(&p)) goto fail;
     /* undefined rules: the earliest reference */
     size_t first = NO_POS;

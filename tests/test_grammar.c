@@ -181,6 +181,10 @@ static void test_sentences(void) {
                     "root ::= \"[\" ws (\n  item\n  (\",\" ws item)*\n)? \"]\"\nitem ::= [0-9]+ ws\nws ::= \" \"?\n",
                     ws, sizeof ws / sizeof ws[0]);
 
+    /* no ranges anywhere (the fuzzer's UBSan saw ranges + 0 on a NULL array) */
+    static const sentence any[] = {{"x", 1, true}, {"\xe4\xb8\xad", 1, true}, {"xy", 0, false}, {"", 1, false}};
+    check_sentences("any character only", "root ::= .\n", any, sizeof any / sizeof any[0]);
+
     static const sentence named_root[] = {{"yes", 1, true}, {"no", 0, false}};
     kv_grammar *g = NULL;
     kv_error e;
