@@ -143,8 +143,12 @@ static void check_sentences(const char *name, const char *grammar, const sentenc
             bool end = false;
             int r = feed(m, ss[i].text, chunk, &end);
             bool ok = r == ss[i].accept && (!r || end == ss[i].end);
-            char nm[200];
-            snprintf(nm, sizeof nm, "%s: '%s' (chunks of %zu)", name, ss[i].text, chunk);
+            char txt[64], nm[200];
+            size_t k = 0;
+            for (const unsigned char *c = (const unsigned char *)ss[i].text; *c && k + 5 < sizeof txt; c++)
+                k += (size_t)snprintf(txt + k, sizeof txt - k, *c >= 0x20 && *c < 0x7f ? "%c" : "\\x%02X", *c);
+            txt[k] = '\0';
+            snprintf(nm, sizeof nm, "%s: '%s' (chunks of %zu)", name, txt, chunk);
             report(ok, nm, "accepted %d (want %d), can end %d (want %d)", r, ss[i].accept, end, ss[i].end);
         }
     }
