@@ -15,6 +15,8 @@
 --   4. A policy cannot act on the batch: a policy calling prefill_batch, or
 --      rewinding a session of the batch, raises in the caller and nothing
 --      moved.
+--   5. scripts/bench-score.lua: its figures are there and consistent (no
+--      timing is asserted); the llama.cpp side is left out here.
 local kvlua = require "kvlua"
 local tiny = require "spec.support.tiny_models"
 local models = require "spec.support.models"
@@ -235,5 +237,26 @@ describe("prefill_batch: a policy cannot act on the batch", function()
       a:close(); b:close()
     end
     m:close()
+  end)
+end)
+
+describe("scripts/bench-score.lua", function()
+  local S = require "spec.support.scripts"
+  it("--json: mc-eval's figures on generated few-shot items, the prefill rate and their ratio", function()
+    local path = tiny.llama { seed = 46 }
+    local r = S.run("bench-score.lua", { "--model", path, "--threads", "1", "--items", "6", "--shots", "3",
+      "--batch", "4", "--prefill", "32", "--llama", "off", "--json" })
+    S.assert_ok(r)
+    local j = S.json_decode(r.out)
+    local k = j.kvlua
+    assert.equals(6, j.items)
+    assert.is_true(k.correct >= 0 and k.correct <= 6 and k.correct_norm <= 6)
+    -- the shared prefix is computed once: fewer tokens than one evaluation per context+choice
+    assert.is_true(k.computed_tokens > 0 and k.computed_tokens < k.naive_tokens)
+    assert.near(k.computed_tokens / k.engine_seconds, k.computed_tok_s, 1e-6 * k.computed_tok_s)
+    assert.near(k.computed_tok_s / ((j.prefill_before + j.prefill_after) / 2), k.of_prefill, 1e-9)
+    assert.near(6 / k.wall_seconds, k.items_per_s, 1e-6 * k.items_per_s)
+    assert.equals(S.json_null, j.llama)
+    tiny.cleanup()
   end)
 end)
