@@ -15,6 +15,7 @@
 --   4. A policy cannot act on the batch: a policy calling prefill_batch, or
 --      rewinding a session of the batch, raises in the caller and nothing
 --      moved.
+--   (1 also on OpenCL, where a device is present.)
 --   5. scripts/bench-score.lua: its figures are there and consistent (no
 --      timing is asserted); the llama.cpp side is left out here.
 local kvlua = require "kvlua"
@@ -150,6 +151,24 @@ describe("prefill_batch: each session's rows are the bits of its own prefill", f
       end
     end
     if not any then pending("no real model available") end
+  end)
+end)
+
+describe("prefill_batch on OpenCL: the same bits as each session's prefill there", function()
+  it("sessions at different positions, one across passes; all and last", function()
+    if #kvlua.devices() == 0 then return pending("no OpenCL device") end
+    -- head size 16: the smallest the OpenCL backend takes for f16 pages
+    local m = assert(kvlua.load(tiny.llama { seed = 47, n_embd = 64, n_ff = 128 }, { backend = "opencl", threads = 2 }))
+    local bases, lengths = {}, {}
+    for i = 1, 10 do
+      bases[i] = assert(m:session { ctx = 512 })
+      assert(bases[i]:prefill(some(5 + 9 * i, m.info.n_vocab, i)))
+      lengths[i] = i == 4 and 150 or 1 + i % 4
+    end
+    check_against_alone(bases, choices_of(lengths, m.info.n_vocab), "all")
+    check_against_alone(bases, choices_of(lengths, m.info.n_vocab), "last")
+    for _, b in ipairs(bases) do b:close() end
+    m:close()
   end)
 end)
 
