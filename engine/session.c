@@ -794,8 +794,7 @@ static kv_status prefill_group(kv_session *const *gs, const int *rows, int G, co
     bool ok = be->all_finite(be, gs[0]->x, (int64_t)T * gs[0]->m->info.n_embd) &&
               (!nw || be->all_finite(be, out, (int64_t)nw * gs[0]->m->info.n_vocab));
     if (be->status && (st = be->status(be, e))) return st;
-    if (!ok)
-        return kv_fail(e, KV_ERR_NUMERIC, "prefill_batch: non-finite activations or logits (corrupted weights?)");
+    if (!ok) return kv_fail(e, KV_ERR_NUMERIC, "prefill_batch: non-finite activations or logits (corrupted weights?)");
     for (int b = 0; b < G; b++) {
         gs[b]->pos += rows[b];
         seal_full_pages(gs[b]);
@@ -874,7 +873,8 @@ kv_status kv_prefill_batch(kv_session *const *ss, const int32_t *const *ids, con
             return kv_fail(e, KV_ERR_ARG, "prefill_batch: logits of session %zu is NULL", i + 1);
         for (size_t j = 0; j < n_ids[i]; j++)
             if (ids[i][j] < 0 || ids[i][j] >= m->info.n_vocab)
-                return kv_fail(e, KV_ERR_ARG, "prefill_batch: token id %d at index %zu (session %zu) is out of range [0, %d)",
+                return kv_fail(e, KV_ERR_ARG,
+                               "prefill_batch: token id %d at index %zu (session %zu) is out of range [0, %d)",
                                (int)ids[i][j], j + 1, i + 1, m->info.n_vocab);
         if (n_ids[i] > (size_t)(ss[i]->n_ctx - ss[i]->pos))
             return kv_fail(e, KV_ERR_CONTEXT_FULL, "context full: session %zu holds %d tokens + %zu new > n_ctx %d",

@@ -1321,10 +1321,14 @@ static int l_prefill_batch(lua_State *L) {
     if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
     const char *lg = l_opt_str(L, 3, "logits", "last");
     int mode;
-    if (!strcmp(lg, "last")) mode = KV_LOGITS_LAST;
-    else if (!strcmp(lg, "all")) mode = KV_LOGITS_ALL;
-    else if (!strcmp(lg, "none")) mode = KV_LOGITS_NONE;
-    else return luaL_error(L, "option 'logits' must be \"last\", \"all\" or \"none\"");
+    if (!strcmp(lg, "last"))
+        mode = KV_LOGITS_LAST;
+    else if (!strcmp(lg, "all"))
+        mode = KV_LOGITS_ALL;
+    else if (!strcmp(lg, "none"))
+        mode = KV_LOGITS_NONE;
+    else
+        return luaL_error(L, "option 'logits' must be \"last\", \"all\" or \"none\"");
     lua_settop(L, 2);
     lua_Integer n = luaL_len(L, 1);
     if (n < 1 || n > L_MAX_BATCH) luaL_argerror(L, 1, "between 1 and 4096 sessions");
@@ -1342,11 +1346,13 @@ static int l_prefill_batch(lua_State *L) {
     const int base = lua_gettop(L); /* sessions at base + 2i - 1, their guards above each */
     for (lua_Integer i = 1; i <= n; i++) {
         lua_geti(L, 1, i);
-        if (!luaL_testudata(L, -1, L_SESSION)) luaL_error(L, "prefill_batch: entry %I is not a session", (LUAI_UACINT)i);
+        if (!luaL_testudata(L, -1, L_SESSION))
+            luaL_error(L, "prefill_batch: entry %I is not a session", (LUAI_UACINT)i);
         l_session *ls = l_session_check(L, -1);
         for (lua_Integer j = 1; j < i; j++)
             if (lss[j - 1] == ls) luaL_error(L, "prefill_batch: session %I appears twice", (LUAI_UACINT)i);
-        if (i > 1 && ls->lm != lss[0]->lm) luaL_error(L, "prefill_batch: session %I belongs to another model", (LUAI_UACINT)i);
+        if (i > 1 && ls->lm != lss[0]->lm)
+            luaL_error(L, "prefill_batch: session %I belongs to another model", (LUAI_UACINT)i);
         lua_getiuservalue(L, -1, L_SESSION_GUARD);
         lua_toclose(L, -1);
         ls->o.busy++;
@@ -1357,7 +1363,8 @@ static int l_prefill_batch(lua_State *L) {
     size_t total = 0;
     for (lua_Integer i = 1; i <= n; i++) {
         lua_geti(L, 2, i);
-        if (lua_type(L, -1) != LUA_TTABLE) luaL_error(L, "prefill_batch: entry %I of the ids is not an array", (LUAI_UACINT)i);
+        if (lua_type(L, -1) != LUA_TTABLE)
+            luaL_error(L, "prefill_batch: entry %I of the ids is not an array", (LUAI_UACINT)i);
         size_t len = l_ids_len(L, -1);
         if (len == 0) luaL_error(L, "prefill_batch: empty token list for session %I", (LUAI_UACINT)i);
         ids[i - 1] = l_check_ids(L, lua_gettop(L), len, n_vocab);
