@@ -27,8 +27,10 @@
 --   grammar     GBNF text (or a kvlua.grammar object): every token is drawn
 --               from those the grammar allows after the text so far (applied
 --               before the sampler's stages); generation ends with "grammar"
---               when none is allowed, or when max_tokens comes before the
---               grammar can end (s.grammar_error says which). A bad grammar
+--               when none is allowed, when the sampler picks a token the
+--               grammar refuses (one that ignores the mask: the token is
+--               dropped), or when max_tokens comes before the grammar can
+--               end (s.grammar_error says which). A bad grammar
 --               ends it at once with "error: line L, column C: ..."
 --   json_schema a JSON schema (table or JSON text): as grammar = the GBNF
 --               kvlua.json_schema writes for it (every finished text is JSON
@@ -142,10 +144,16 @@ local function with_grammar(sampler, gstate, lazy)
     local id, err
     if sampler then id, err = sampler:sample(work) else id = work:argmax() end
     w.final = sampler and sampler.final or work
+    -- a sampler of one's own may ignore the mask: its pick is checked, never
+    -- taken unconstrained
+    if id and not gstate:allows(id) then
+      return nil, ("grammar: the sampler chose token %d, which the grammar refuses here"):format(id)
+    end
     return id, err
   end
   function w:accept(id)
-    gstate:accept(id)
+    local ok, err = gstate:accept(id)
+    if not ok then error("generate: " .. tostring(err), 0) end -- allows() said yes: an engine bug
     if sampler and sampler.accept then sampler:accept(id) end
   end
   return w
