@@ -636,15 +636,29 @@ static void keep_stats(kv_cache *c) {
     keep_count(g_res, &st, sizeof st);
 }
 
+/* What a load gives, field by field (a struct's padding is not compared). */
+static void keep_model(const kv_model *m) {
+    const kv_model_info *in = kv_model_info_get(m);
+    const int64_t f[] = {in->n_layer, in->n_embd, in->n_head, in->n_head_kv, in->head_dim, in->head_dim_v,
+                         in->n_ff, in->n_ctx_train, in->n_vocab, in->sliding_window, in->file_type,
+                         (int64_t)in->n_params, (int64_t)in->size_bytes, in->has_weights, in->threads};
+    keep(g_res, f, sizeof f);
+    keep(g_res, in->arch, strlen(in->arch));
+    const kv_vocab *v = kv_model_vocab(m);
+    const kv_vocab_special *sp = v ? kv_vocab_specials(v) : NULL;
+    if (!sp) return;
+    const int32_t t[] = {kv_vocab_n(v), sp->bos, sp->eos, sp->eot, sp->eom, sp->unk, sp->pad, sp->sep, sp->nl,
+                         sp->mask, sp->add_bos, sp->add_eos, sp->add_space_prefix};
+    keep(g_res, t, sizeof t);
+}
+
 /* Model load (with a vocabulary and a thread pool), tokenize, detokenize. */
 static void scen_load(void) {
     kv_model *m = NULL;
     watch w0 = {0}, *W = &w0;
     kv_model_params p = {.threads = 2};
     STEP_OUT(m, kv_model_open(g_llama, &p, &m, &E));
-    const kv_model_info *in = kv_model_info_get(m);
-    keep(g_res, in, sizeof *in);
-    keep(g_res, kv_vocab_specials(kv_model_vocab(m)), sizeof(kv_vocab_special));
+    keep_model(m);
     int32_t *ids = NULL;
     size_t n = 0;
     STEP(kv_tokenize(kv_model_vocab(m), "hello world hello", 17, true, false, &ids, &n, &E));
@@ -675,8 +689,7 @@ static void scen_load_vocab(void) {
     watch w0 = {0}, *W = &w0;
     kv_model_params p = {.threads = 1};
     STEP_OUT(m, kv_model_open(g_vocab, &p, &m, &E));
-    keep(g_res, kv_model_info_get(m), sizeof(kv_model_info));
-    keep(g_res, kv_vocab_specials(kv_model_vocab(m)), sizeof(kv_vocab_special));
+    keep_model(m);
     kv_model_close(m);
 }
 
