@@ -1650,9 +1650,12 @@ static int32_t popcount_bits(const uint32_t *bits, size_t words) {
     return c;
 }
 
-/* The mask of automaton state ds into bits (words words, zeroed here). */
-static void mask_walk(kv_grammar_matcher *m, uint32_t ds, uint32_t *bits) {
+/* The mask of automaton state ds into bits (words words, zeroed here);
+ * false when a limit (or out of memory) cut a branch: the mask is short. */
+static bool mask_walk(kv_grammar_matcher *m, uint32_t ds, uint32_t *bits) {
     const kv_grammar_vocab *gv = m->gv;
+    bool whole = true;
+    const char *why = NULL;
     memset(bits, 0, m->words * sizeof *bits);
     uint32_t *dsd = m->dsd;
     dsd[0] = ds;
@@ -1664,6 +1667,7 @@ static void mask_walk(kv_grammar_matcher *m, uint32_t ds, uint32_t *bits) {
         uint32_t *row = m->rows[from];
         uint32_t t = row && row[nd->byte] != DS_UNKNOWN ? row[nd->byte] : step(m, from, nd->byte);
         if (t >= DS_LIMIT) {
+            if (t == DS_LIMIT && whole) whole = false, why = m->limit; /* later steps clear m->limit */
             i = nd->skip;
             continue;
         }
@@ -1674,11 +1678,12 @@ static void mask_walk(kv_grammar_matcher *m, uint32_t ds, uint32_t *bits) {
         }
         i++;
     }
+    if (!whole) m->limit = why;
+    return whole;
 }
 
 kv_status kv_grammar_mask(kv_grammar_matcher *m, const kv_grammar_state *st, const uint32_t **bits,
                           int32_t *n_allowed, kv_error *e) {
-    (void)e;
     const kv_grammar_vocab *gv = m->gv;
     m->stats.masks++;
     uint32_t *b;
@@ -1701,7 +1706,9 @@ kv_status kv_grammar_mask(kv_grammar_matcher *m, const kv_grammar_state *st, con
         slot = (int32_t)m->n_masks;
         b = m->mask_bits + (size_t)slot * m->words;
         uint32_t ds = st->ds;
-        mask_walk(m, ds, b);
+        if (!mask_walk(m, ds, b)) /* tokens the grammar may allow are missing: no mask, none kept */
+            return kv_fail(e, m->limit && !strcmp(m->limit, "out of memory") ? KV_ERR_NOMEM : KV_ERR_ARG,
+                           "grammar: limit reached computing the mask: %s", m->limit ? m->limit : "a table is full");
         if (kv_grammar_can_end(m, st))
             for (size_t i = 0; i < gv->n_eog; i++) b[gv->eog[i] >> 5] |= 1u << (gv->eog[i] & 31);
         cnt = popcount_bits(b, m->words);

@@ -102,7 +102,9 @@ bool kv_grammar_can_end(kv_grammar_matcher *m, const kv_grammar_state *st);
 bool kv_grammar_can_continue(kv_grammar_matcher *m, const kv_grammar_state *st);
 /* The tokens allowed next: a bitset of n_vocab bits (bit id % 32 of word
  * id / 32), owned by the matcher and valid until its next call. *n_allowed
- * (may be NULL) counts them. */
+ * (may be NULL) counts them. A limit or out of memory met on the way is an
+ * error (KV_ERR_NOMEM, else KV_ERR_ARG naming the limit), never a mask
+ * missing tokens. */
 kv_status kv_grammar_mask(kv_grammar_matcher *m, const kv_grammar_state *st, const uint32_t **bits,
                           int32_t *n_allowed, kv_error *e);
 
