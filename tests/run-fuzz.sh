@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Fuzz the GGUF reader, the session- and cache-file readers and the tokenizer with
-# libFuzzer + ASan/UBSan, SECONDS in all (default 60), an equal share each.
+# Fuzz the GGUF reader, the session- and cache-file readers, the tokenizer and the
+# GBNF grammar compiler and masks with libFuzzer + ASan/UBSan, SECONDS in all
+# (default 60), an equal share each.
 #
 #   tests/run-fuzz.sh [SECONDS]
 #
 # Builds tests/fuzz_*.c with clang into build-fuzz/ (override with
 # KV_FUZZ_BUILD), writes a seed corpus of small valid files into
 # tests/fuzz-corpus/seeds (git-ignored), grows tests/fuzz-corpus/gguf across
-# runs (kvfile, tokenizer: the same with their own seeds), and leaves any
+# runs (kvfile, tokenizer, grammar: the same with their own seeds), and leaves any
 # crashing input in tests/fuzz-artifacts/. Exits
 # non-zero if the fuzzer finds a crash, a leak, a timeout or an allocation
 # over -malloc_limit_mb.
@@ -20,11 +21,12 @@ set -euo pipefail
 secs="${1:-60}"
 # SECONDS split evenly over the n_targets runs below, each at least 1 s
 # (libFuzzer reads -max_total_time=0 as no limit); share SECS EXTRA
-n_targets=3
+n_targets=4
 share() { local t=$(( ($1 + $2) / n_targets )); echo $(( t > 0 ? t : 1 )); }
-if [ "${KV_FUZZ_DIRECT:-0}" = 1 ]; then gguf_secs=$secs; else gguf_secs=$(share "$secs" 2); fi
-kv_secs=$(share "$secs" 1)
-tok_secs=$(share "$secs" 0)
+if [ "${KV_FUZZ_DIRECT:-0}" = 1 ]; then gguf_secs=$secs; else gguf_secs=$(share "$secs" 3); fi
+kv_secs=$(share "$secs" 2)
+tok_secs=$(share "$secs" 1)
+gram_secs=$(share "$secs" 0)
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 build="${KV_FUZZ_BUILD:-build-fuzz}"
@@ -38,7 +40,7 @@ else
   # -O1 as libFuzzer advises (the tokenizer target ran about twice as many inputs a second as at -O0)
   CC="$cc" cmake -S . -B "$build" -DKV_FUZZ=ON -DKV_TESTS=OFF -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_C_FLAGS_DEBUG="-g -O1" >/dev/null
-  cmake --build "$build" --target fuzz_gguf fuzz_kvfile fuzz_tokenizer -j2 >/dev/null
+  cmake --build "$build" --target fuzz_gguf fuzz_kvfile fuzz_tokenizer fuzz_grammar -j2 >/dev/null
 fi
 
 seeds=tests/fuzz-corpus/seeds
@@ -72,3 +74,16 @@ mkdir -p "$tokseeds" "$tokcorpus"
 TOKENIZER_SEEDS="$tokseeds" "$build/fuzz_tokenizer" -max_len=1024 -max_total_time="$tok_secs" -timeout=10 \
   -malloc_limit_mb=64 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix="$artifacts/" "$tokcorpus" "$tokseeds"
+
+# GBNF grammars: compiled, then masks checked against feeding each token;
+# seeds are a few grammars of the kinds the specs use, written here
+gramseeds=tests/fuzz-corpus/grammar-seeds
+gramcorpus=tests/fuzz-corpus/grammar
+mkdir -p "$gramseeds" "$gramcorpus"
+printf 'root ::= "{" pair ("," pair){0,2} "}"\npair ::= "\\"" [a-z]{1,4} "\\":" ("-"? [0-9]+ | "true")\n' \
+  >"$gramseeds/json-small.gbnf"
+printf 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"\n' >"$gramseeds/arith.gbnf"
+printf 'root ::= [\xce\xb1-\xcf\x89]+ | [^"\\\\\\x00-\\x1F]{2,5} "\\n"? # classes\n' >"$gramseeds/classes.gbnf"
+"$build/fuzz_grammar" -max_len=4096 -max_total_time="$gram_secs" -timeout=10 \
+  -malloc_limit_mb=512 -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix="$artifacts/" "$gramcorpus" "$gramseeds"
