@@ -1,6 +1,7 @@
 /*
  * test_oom.c — allocation-failure injection over load, evaluation, forks,
- * session and cache files, page growth and pins, as SQLite tests its allocator.
+ * session and cache files, page growth, pins and grammars, as SQLite tests
+ * its allocator.
  *
  * The engine's calls to malloc, calloc, realloc, posix_memalign,
  * aligned_alloc, strdup, free, mmap, munmap, fopen, fdopen and fclose go
@@ -36,9 +37,12 @@
  *   4. kv_vocab_load: out of memory finding the newline token gave a model
  *      with another nl instead of an error.
  *   5. kv_cache_pin: out of memory midway left the pages before it pinned.
+ *   6. kv_grammar_mask: a limit (out of memory) met in the walk gave, and
+ *      cached, a mask missing allowed tokens, with KV_OK.
  */
 #define _GNU_SOURCE
 #include "gguf_writer.h"
+#include "grammar.h"
 #include "kvlua.h"
 #include "model_internal.h"
 #include "quant.h"
@@ -916,6 +920,43 @@ static void scen_pins(void) {
     kv_cache_close(c);
 }
 
+/* A grammar over the llama model's vocabulary: compile, the vocabulary's
+ * trie, a matcher, masks and accepted tokens (the automaton's states are
+ * made as they are reached). */
+static void scen_grammar(void) {
+    kv_grammar *g = NULL;
+    kv_grammar_vocab *gv = NULL;
+    kv_grammar_matcher *m = NULL;
+    watch w0 = {0}, *W = &w0;
+    static const char src[] = "root ::= greet (\" \" greet)*\ngreet ::= \"hello\" | \"world\" | [a-f]+ \"z\"\n";
+    STEP_OUT(g, kv_grammar_compile(src, sizeof src - 1, NULL, &g, &E));
+    STEP_OUT(gv, kv_grammar_vocab_build(kv_model_vocab(g_ml), &gv, &E));
+    STEP_OUT(m, kv_grammar_matcher_new(g, gv, &m, &E));
+    kv_grammar_state st;
+    STEP(kv_grammar_start(m, &st, &E));
+    const char *const text[] = {"hello", "\xc4\xa0w", "or", "ld", "\xc4\xa0", "a", "b", "z"};
+    for (size_t i = 0; i <= sizeof text / sizeof *text; i++) {
+        const uint32_t *bits = NULL;
+        int32_t n = -1;
+        STEP(kv_grammar_mask(m, &st, &bits, &n, &E));
+        keep(g_res, &n, sizeof n);
+        keep(g_res, bits, (N_VOCAB + 31) / 32 * sizeof *bits);
+        if (i == sizeof text / sizeof *text) break;
+        int32_t id = -1;
+        for (int32_t t = 0; t < N_VOCAB && id < 0; t++) {
+            size_t len = 0;
+            const char *tt = kv_vocab_text(kv_model_vocab(g_ml), t, &len);
+            if (len == strlen(text[i]) && memcmp(tt, text[i], len) == 0) id = t;
+        }
+        STEP(kv_grammar_accept_token(m, &st, id, &E));
+    }
+    const bool end = kv_grammar_can_end(m, &st);
+    keep(g_res, &end, sizeof end);
+    kv_grammar_matcher_free(m);
+    kv_grammar_vocab_free(gv);
+    kv_grammar_free(g);
+}
+
 /* ==== the driver ================================================================ */
 
 static result g_base, g_cur;
@@ -1032,6 +1073,7 @@ int main(void) {
     scenario("cache files: save, restore", scen_cache_file, stride);
     scenario("private pool growth", scen_growth, stride);
     scenario("pins over many pages", scen_pins, stride);
+    scenario("grammar: compile, masks, accepted tokens", scen_grammar, stride);
 
     kv_model_close(g_ml);
     kv_model_close(g_mg);
