@@ -9,7 +9,8 @@
 -- as --logprobs; null or absent: the command line's), json_schema (a JSON
 -- schema the text must follow: kvlua.json_schema; an object has no key
 -- order here, so required properties come in "required" order, optional
--- ones by name). Options the
+-- ones by name), grammar (GBNF text the text must follow: kvlua.grammar;
+-- not with json_schema). Options the
 -- line leaves out come from the command line; the default seed of an item
 -- is --seed plus its line number, so a sampled item gives the same text
 -- whichever shard or batch runs it.
@@ -17,6 +18,9 @@
 -- Each output line, in input order:
 --   {"id": ..., "text": ..., "tokens": N, "prompt_tokens": N, "finish_reason": "eog"|"length"|"stop",
 --    "ttft": seconds, "tokens_per_s": ...}
+-- An item with a grammar may also end with "finish_reason": "grammar" and
+-- "grammar_error": why (no token allowed, or max_tokens before the grammar
+-- could end; its text is what the grammar took so far).
 -- With logprobs (--logprobs K or the item's "logprobs": K), the line also
 -- carries "logprobs" in the OpenAI completions shape, one entry per token:
 --   {"tokens": [text...], "token_logprobs": [model log-prob...],
@@ -26,7 +30,7 @@
 --    "top_token_ids": [[the K best ids]...]}
 -- (see kvlua.logprobs; a stop string's last tokens are listed too).
 -- or, for an item that could not run (malformed JSON, no prompt, a bad
--- option, a prompt longer than the context):
+-- option or grammar, a prompt longer than the context):
 --   {"id": ..., "line": N, "finish_reason": "error", "error": "message"}
 -- (id is the item's "id", else its line number). Such items are also
 -- reported on stderr with their line numbers; the others still run.
@@ -64,6 +68,7 @@ p:flag("--json", "print the run's summary as one JSON object on stdout (needs --
 local o = p:parse()
 
 local json = require "kvlua.json"
+local kvlua = require "kvlua"
 local chat = require "kvlua.chat"
 local sampling = require "kvlua.sampling"
 local scheduler = require "kvlua.scheduler"
@@ -127,9 +132,9 @@ local function item_prompt(item)
         error("messages must be objects with string role and content", 0)
       end
     end
-    local text, rerr = chat.render(model, item.messages, { add_generation_prompt = true })
-    if not text then error("chat template: " .. rerr, 0) end
-    return model:tokenize(text, { add_special = true, parse_special = true })
+    local ids, rerr = chat.encode(model, item.messages, { add_generation_prompt = true })
+    if not ids then error("chat template: " .. rerr, 0) end
+    return ids
   end
   error('the item needs "prompt" (a string) or "messages" (an array)', 0)
 end
@@ -173,6 +178,15 @@ local function request(line, item, bad)
       if not st then error(serr, 0) end
       req.sampler = sampling.chain { st, table.unpack(req.sampler.stages) }
     end
+    if item.grammar ~= nil and item.grammar ~= json.null then
+      if type(item.grammar) ~= "string" then error("grammar must be GBNF text (a string)", 0) end
+      if item.json_schema ~= nil and item.json_schema ~= json.null then
+        error("give grammar or json_schema, not both", 0)
+      end
+      local g, gerr = kvlua.grammar(item.grammar)
+      if not g then error("grammar: " .. gerr, 0) end
+      req.grammar = g -- (the scheduler masks before the sampler and ends with "grammar")
+    end
   end)
   if not ok then
     req.error = tostring(e):gsub("^[^\n:]*%.lua:%d+: ", "") -- (a module's position: not the item's business)
@@ -190,7 +204,7 @@ local function record(r)
     return { id = req.id, line = req.line, finish_reason = "error", error = msg }
   end
   local rec = { id = req.id, text = r.text, tokens = #r.ids, prompt_tokens = r.prompt_tokens,
-    finish_reason = r.finish_reason }
+    finish_reason = r.finish_reason, grammar_error = r.grammar_error }
   if o.ids then rec.ids = json.array(r.ids) end
   if r.logprobs then
     rec.logprobs = logprobs.openai(r.logprobs, { null = json.null, array = json.array, prompt = req.prompt_text })

@@ -49,9 +49,8 @@ local function run(cache)
   local out = { ttft = {}, prompt = {}, reused = {}, replies = {} }
   for t = 1, turns do
     messages[#messages + 1] = { role = "user", content = user_message(t) }
-    local text, terr = chat.render(model, messages, { add_generation_prompt = true })
-    if not text then cli.die("chat template: " .. terr, 1) end
-    local ids = model:tokenize(text, { add_special = true, parse_special = true })
+    local ids, terr = chat.encode(model, messages, { add_generation_prompt = true })
+    if not ids then cli.die("chat template: " .. terr, 1) end
     local s, serr = model:session { ctx = math.min(cli.MAX_CTX, #ids + max_tokens + 1), cache = cache }
     if not s then cli.die(serr, 1) end
     local l, perr = s:prefill(ids)

@@ -50,9 +50,8 @@ end
 -- reply there; returns true when that happened.
 local function turn(user)
   messages[#messages + 1] = { role = "user", content = user }
-  local text, err = chat.render(model, messages, { add_generation_prompt = true })
-  if not text then cli.die("chat template: " .. err, 1) end
-  local ids = model:tokenize(text, { add_special = true, parse_special = true })
+  local ids, err = chat.encode(model, messages, { add_generation_prompt = true })
+  if not ids then cli.die("chat template: " .. err, 1) end
   local have = s:tokens()
   local keep = common_prefix(have, ids)
   if keep == #ids then keep = keep - 1 end -- re-run one token to get fresh logits

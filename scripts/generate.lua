@@ -30,18 +30,18 @@ o.prompt = o.prompt or (o.chat and CHAT_PROMPT or PROMPT)
 
 local model = cli.load(o)
 
-local text = o.prompt
+local text, ids = o.prompt, nil
 if o.chat then
   local chat = require "kvlua.chat"
   local messages = {}
   if o.system ~= "" then messages[#messages + 1] = { role = "system", content = o.system } end
   messages[#messages + 1] = { role = "user", content = o.prompt }
-  local rendered, err = chat.render(model, messages, { add_generation_prompt = true })
-  if not rendered then cli.die("chat template: " .. err) end
-  text = rendered
+  local err
+  ids, err = chat.encode(model, messages, { add_generation_prompt = true }) -- one BOS, contents as text
+  if not ids then cli.die("chat template: " .. err) end
+else
+  ids = model:tokenize(text, { add_special = true, parse_special = false })
 end
-
-local ids = model:tokenize(text, { add_special = true, parse_special = o.chat })
 if #ids >= o.ctx then
   cli.die(string.format("the prompt is %d tokens: it leaves no room in --ctx %d", #ids, o.ctx))
 end

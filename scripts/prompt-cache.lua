@@ -50,9 +50,9 @@ local model = cli.load(o)
 local ctx = 4096
 
 local function ids_of(messages, gen)
-  local text, err = chat.render(model, messages, { add_generation_prompt = gen })
-  if not text then cli.die("chat template: " .. err) end
-  return model:tokenize(text, { add_special = true, parse_special = true })
+  local ids, err = chat.encode(model, messages, { add_generation_prompt = gen })
+  if not ids then cli.die("chat template: " .. err) end
+  return ids
 end
 
 local function common_prefix(a, b)
