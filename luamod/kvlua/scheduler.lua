@@ -10,16 +10,26 @@
 --   { prompt = {ids...},          -- required, not empty
 --     max_tokens = 128, sampler = <:sample(logits) [, :accept(id)]> (default greedy),
 --     stop = {"strings"}, ignore_eog = false,
---     logprobs = k (optional: result.logprobs, see below), ... }   -- other fields are the caller's
+--     logprobs = k (optional: result.logprobs, see below),
+--     grammar = GBNF text or a kvlua.grammar object (optional, see below), ... }
+--                                   -- other fields are the caller's
 -- A request with an `error` field (a message) is not run: its result
 -- finishes with "error: <message>" in its place in the order.
 -- The sink receives one result per request, in request order whatever
 -- order they finish in:
 --   { request =, index = k (1-based), text =, ids = {generated ids, EOG excluded},
---     finish_reason = "eog"|"length"|"stop"|"error: ...", prompt_tokens =,
+--     finish_reason = "eog"|"length"|"stop"|"grammar"|"error: ...", prompt_tokens =,
 --     ttft =, itl = {seconds...}, tokens_per_s = (nil under 2 tokens), kv_bytes =,
 --     logprobs = {record per id of ids} (with request.logprobs: kvlua.logprobs.record's,
---                as s:generate{logprobs = k} gives them) }
+--                as s:generate{logprobs = k} gives them),
+--     grammar_error = message (finish_reason "grammar") }
+-- A request's grammar works as s:generate{grammar =}: the logits are masked
+-- (a clone) before its sampler, the sampler's pick is checked, and the
+-- request finishes with "grammar" (and grammar_error) when no token is
+-- allowed, when the sampler picks one the grammar refuses, or when
+-- max_tokens comes before the grammar can end: never an unconstrained
+-- token. A grammar that does not compile finishes it with "error: line L,
+-- column C: ..." before any prefill.
 --
 -- One step of the loop:
 --   1. admit requests while fewer than `batch` are active (each gets its
@@ -143,6 +153,9 @@ function Scheduler:admit(req, k)
   if req.logprobs ~= nil and (math.type(req.logprobs) ~= "integer" or req.logprobs < 0) then
     error("scheduler: a request's logprobs must be a non-negative integer", 0)
   end
+  if req.grammar ~= nil and type(req.grammar) ~= "string" and type(req.grammar) ~= "userdata" then
+    error("scheduler: a request's grammar must be GBNF text or a kvlua.grammar object", 0)
+  end
   local result = { request = req, index = k, text = "", ids = {}, itl = {}, prompt_tokens = 0,
     logprobs = req.logprobs and {} or nil }
   local e = { req = req, result = result, fed = 0, admitted = self.clock, max_tokens = req.max_tokens or 128,
@@ -155,6 +168,16 @@ function Scheduler:admit(req, k)
   if type(prompt) ~= "table" or #prompt == 0 then
     self:finish(e, "error: the request has no prompt tokens")
     return e
+  end
+  if req.grammar ~= nil then
+    local g, gerr = req.grammar, nil
+    if type(g) == "string" then g, gerr = kvlua.grammar(g) end
+    if g then g, gerr = g:state(self.model) end
+    if not g then
+      self:finish(e, "error: " .. gerr)
+      return e
+    end
+    e.gstate = g
   end
   result.prompt_tokens = #prompt
   local ctx = self.ctx or (#prompt + e.max_tokens + 1)
@@ -189,11 +212,49 @@ function Scheduler:prefill_some(e, n)
   return n
 end
 
+-- e's pick under its grammar state: id and what the logprobs record takes
+-- as the sampler (the masked Logits as .final); or nil, a message and
+-- whether the grammar ended it. Greedy without logprobs checks the argmax
+-- first (when the grammar takes it, it is the masked argmax too).
+local function grammar_pick(e)
+  local g, l = e.gstate, e.logits
+  if not e.sampler and not e.req.logprobs then
+    local id = l:argmax()
+    if l:get(id) > -math.huge and g:allows(id) then return id end
+  end
+  local work = l:clone()
+  local left, allowed = g:mask(work)
+  if left == nil then return nil, "grammar: " .. tostring(allowed), true end
+  if left == 0 then return nil, "grammar: no token of the vocabulary is allowed here", true end
+  local id, err
+  if e.sampler then id, err = e.sampler:sample(work) else id = work:argmax() end
+  if not id then return nil, err, false end
+  if not g:allows(id) then
+    return nil, ("grammar: the sampler chose token %d, which the grammar refuses here"):format(id), true
+  end
+  local final = type(e.sampler) == "table" and rawget(e.sampler, "final") or nil
+  return id, { final = final or (not e.sampler and work or nil) }
+end
+
 -- Samples e's next token; returns the id to decode, or nil when e finished.
 function Scheduler:sample(e)
   local r = e.result
   local id, err
-  if e.sampler then id, err = e.sampler:sample(e.logits) else id = e.logits:argmax() end
+  local lp_sampler = e.sampler
+  if e.gstate then
+    local by_grammar
+    id, err, by_grammar = grammar_pick(e)
+    if id then lp_sampler, err = err, nil end
+    if by_grammar then
+      e.logits = nil
+      r.grammar_error = err
+      return self:finish(e, "grammar")
+    end
+    if id then
+      local ok, aerr = e.gstate:accept(id)
+      if not ok then error("scheduler: " .. tostring(aerr), 0) end -- allows() said yes: an engine bug
+    end
+  elseif e.sampler then id, err = e.sampler:sample(e.logits) else id = e.logits:argmax() end
   local logits = e.logits
   e.logits = nil
   if not id then return self:finish(e, "error: " .. tostring(err)) end
@@ -208,7 +269,7 @@ function Scheduler:sample(e)
   if self.model:is_eog(id) and not e.req.ignore_eog then return self:finish(e, "eog") end
   r.ids[#r.ids + 1] = id
   if r.logprobs then
-    r.logprobs[#r.ids] = logprobs.record(logits, id, e.req.logprobs, e.sampler,
+    r.logprobs[#r.ids] = logprobs.record(logits, id, e.req.logprobs, lp_sampler,
       function(t) return self.model:piece(t, false) end)
   end
   r.text = r.text .. self.model:piece(id, false)
@@ -219,7 +280,13 @@ function Scheduler:sample(e)
       return self:finish(e, "stop")
     end
   end
-  if #r.ids >= e.max_tokens then return self:finish(e, "length") end
+  if #r.ids >= e.max_tokens then
+    if e.gstate and not e.gstate:can_end() then
+      r.grammar_error = "grammar: max_tokens reached before the grammar could end"
+      return self:finish(e, "grammar")
+    end
+    return self:finish(e, "length")
+  end
   return id
 end
 
