@@ -17,6 +17,12 @@
 -- grammar afresh, so its automaton and mask cache start empty (a first
 -- generation with that grammar; the vocabulary's trie is built once per
 -- model, before the first run); the mask cache figures are the last run's.
+--
+-- --ref also runs llama.cpp (scripts/ref/bench_grammar_ref.py, through
+-- llama-cpp-python's Llama.generate and LlamaGrammar) on the same model,
+-- grammar, prompt, token count and sampling, constrained and unconstrained,
+-- at each of --ref-threads (OMP_WAIT_POLICY=PASSIVE), and prints its best
+-- figures beside kvlua's with the ratios kvlua / llama.cpp.
 local root = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
 package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. package.path
 package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
@@ -67,6 +73,8 @@ p:int("--reps", "N", "repetitions (the median is reported)", 3, 1, 100)
 p:num("--temp", "T", "0: greedy (the argmax is checked first, masks only when refused); > 0: sampled\n" ..
   "(sampling.from_opts{temp = T, seed = 1}: a full mask every token)", 0, 0, 10)
 p:model_options()
+p:flag("--ref", "also measure llama.cpp (llama-cpp-python) and print the ratios kvlua / llama.cpp")
+p:str("--ref-threads", "LIST", "llama.cpp thread counts to try, the best reported", "1,2", true)
 p:flag("--json", "print the figures as one JSON object")
 local o = p:parse()
 
@@ -128,6 +136,27 @@ local res = {
   ratio = cli.median(cons) / cli.median(free), open_tokens = cli.median(open_n),
   masks = stats.masks, mask_hits = stats.mask_hits, automaton_states = stats.states, finish_reason = why_c,
 }
+if o.ref then
+  local json = require "kvlua.json"
+  local gfile = os.tmpname()
+  local f = assert(io.open(gfile, "wb"))
+  f:write(text)
+  f:close()
+  local q = function(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
+  local cmd = table.concat({ "python3", q(root .. "/scripts/ref/bench_grammar_ref.py"), q(o.model), "--grammar-file",
+    q(gfile), "--prompt", q(prompt), "--max-tokens", o.max_tokens, "--reps", o.reps, "--temp", o.temp,
+    "--threads", q(o.ref_threads), "--json" }, " ")
+  local pipe = assert(io.popen(cmd, "r"))
+  local out = pipe:read("a")
+  local ok = pipe:close()
+  os.remove(gfile)
+  if not ok then cli.die("the llama.cpp reference failed: " .. cmd) end
+  local ref = json.decode(out)
+  res.llama_cpp = ref
+  res.threads = model.info.threads
+  res.unconstrained_vs_llama_cpp = res.unconstrained_tok_s / ref.unconstrained_tok_s
+  res.constrained_vs_llama_cpp = res.constrained_tok_s / ref.constrained_tok_s
+end
 if o.json then
   cli.print(require("kvlua.json").encode(res))
 else
@@ -137,4 +166,12 @@ else
     res.constrained_tok_s, res.ratio))
   cli.print(("  open (before the grammar could end) %d of %d tokens; masks %d, from the cache %d; %d automaton states")
     :format(res.open_tokens, res.tokens, res.masks, res.mask_hits, res.automaton_states))
+end
+if res.llama_cpp and not o.json then
+  local ref = res.llama_cpp
+  cli.print(("  llama.cpp %s (best of threads %s): unconstrained %.1f tok/s (%d threads)   constrained %.1f tok/s"
+    .. " (%d threads)   ratio %.3f"):format(ref.llama_cpp_python, o.ref_threads, ref.unconstrained_tok_s,
+    ref.unconstrained_threads, ref.constrained_tok_s, ref.constrained_threads, ref.ratio))
+  cli.print(("  kvlua (%d threads) / llama.cpp: unconstrained %.2f   constrained %.2f"):format(res.threads,
+    res.unconstrained_vs_llama_cpp, res.constrained_vs_llama_cpp))
 end
