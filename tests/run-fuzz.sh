@@ -51,29 +51,31 @@ mkdir -p "$seeds" "$corpus" "$artifacts"
   -o "$build/make_fuzz_seeds"
 "$build/make_fuzz_seeds" "$seeds"
 
+# fuzz TARGET MAX_LEN MALLOC_MB SECS CORPUS SEEDS: one libFuzzer run of
+# $build/fuzz_TARGET, its crashes left in $artifacts
+fuzz() {
+  "$build/fuzz_$1" -max_len="$2" -max_total_time="$4" -timeout=10 \
+    -malloc_limit_mb="$3" -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$artifacts/" "$5" "$6"
+}
+
 # Parsing a 64 KiB input never needs more than about 2 MiB (16x the input
 # plus 1 MiB is the reader's own cap); -malloc_limit_mb flags anything near it.
-"$build/fuzz_gguf" -max_len=65536 -max_total_time="$gguf_secs" -timeout=10 \
-  -malloc_limit_mb=8 -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$artifacts/" "$corpus" "$seeds"
+fuzz gguf 65536 8 "$gguf_secs" "$corpus" "$seeds"
 
 [ "${KV_FUZZ_DIRECT:-0}" = 1 ] && exit 0
 # session and cache files: seeds saved by the target itself (its model is built in)
 kvseeds=tests/fuzz-corpus/kvfile-seeds
 kvcorpus=tests/fuzz-corpus/kvfile
 mkdir -p "$kvseeds" "$kvcorpus"
-KVFILE_SEEDS="$kvseeds" "$build/fuzz_kvfile" -max_len=65536 -max_total_time="$kv_secs" -timeout=10 \
-  -malloc_limit_mb=64 -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$artifacts/" "$kvcorpus" "$kvseeds"
+KVFILE_SEEDS="$kvseeds" fuzz kvfile 65536 64 "$kv_secs" "$kvcorpus" "$kvseeds"
 
 # the tokenizer: every vendored vocabulary (tests/data/vocab) on each input;
 # seeds are the inputs of their .inp files, written by the target itself
 tokseeds=tests/fuzz-corpus/tokenizer-seeds
 tokcorpus=tests/fuzz-corpus/tokenizer
 mkdir -p "$tokseeds" "$tokcorpus"
-TOKENIZER_SEEDS="$tokseeds" "$build/fuzz_tokenizer" -max_len=1024 -max_total_time="$tok_secs" -timeout=10 \
-  -malloc_limit_mb=64 -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$artifacts/" "$tokcorpus" "$tokseeds"
+TOKENIZER_SEEDS="$tokseeds" fuzz tokenizer 1024 64 "$tok_secs" "$tokcorpus" "$tokseeds"
 
 # GBNF grammars: compiled, then masks checked against feeding each token;
 # seeds are a few grammars of the kinds the specs use, written here
@@ -84,6 +86,4 @@ printf 'root ::= "{" pair ("," pair){0,2} "}"\npair ::= "\\"" [a-z]{1,4} "\\":" 
   >"$gramseeds/json-small.gbnf"
 printf 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"\n' >"$gramseeds/arith.gbnf"
 printf 'root ::= [\xce\xb1-\xcf\x89]+ | [^"\\\\\\x00-\\x1F]{2,5} "\\n"? # classes\n' >"$gramseeds/classes.gbnf"
-"$build/fuzz_grammar" -max_len=4096 -max_total_time="$gram_secs" -timeout=10 \
-  -malloc_limit_mb=512 -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$artifacts/" "$gramcorpus" "$gramseeds"
+fuzz grammar 4096 512 "$gram_secs" "$gramcorpus" "$gramseeds"
