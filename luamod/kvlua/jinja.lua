@@ -1059,31 +1059,24 @@ function Parser:not_expr()
   return self:compare()
 end
 
-function Parser:and_expr()
-  local left = self:not_expr()
+-- operand (op operand)*, left-associative, for the keyword op ("and",
+-- "or"); each nested node counts toward the depth limit.
+local function keyword_chain(self, op, operand)
+  local left = operand(self)
   local n = 0
-  while self:is_name("and") do
+  while self:is_name(op) do
     self:enter()
     n = n + 1
     local pos = self:next().pos
-    left = { "and", left, self:not_expr(), pos = pos }
+    left = { op, left, operand(self), pos = pos }
   end
   self:leave(n)
   return left
 end
 
-function Parser:or_expr()
-  local left = self:and_expr()
-  local n = 0
-  while self:is_name("or") do
-    self:enter()
-    n = n + 1
-    local pos = self:next().pos
-    left = { "or", left, self:and_expr(), pos = pos }
-  end
-  self:leave(n)
-  return left
-end
+function Parser:and_expr() return keyword_chain(self, "and", Parser.not_expr) end
+
+function Parser:or_expr() return keyword_chain(self, "or", Parser.and_expr) end
 
 function parse_expr(self, no_cond)
   self:enter()
