@@ -107,6 +107,18 @@ static kv_grammar *compile(const char *text) {
     return g;
 }
 
+/* A matcher of g over a vocabulary of one empty token, for feeding bytes;
+ * *gv is the vocabulary, freed by the caller after the matcher. */
+static kv_grammar_matcher *bytes_matcher(kv_grammar *g, kv_grammar_vocab **gv) {
+    kv_error e;
+    const char *none[1] = {NULL};
+    size_t zero[1] = {0};
+    kv_grammar_vocab_new(1, none, zero, NULL, gv, &e);
+    kv_grammar_matcher *m;
+    kv_grammar_matcher_new(g, *gv, &m, &e);
+    return m;
+}
+
 /* Whether the whole of s (a sentence or a prefix of one) is accepted,
  * fed in chunks of `chunk` bytes, and whether the grammar can end there. */
 static int feed(kv_grammar_matcher *m, const char *s, size_t chunk, bool *can_end) {
@@ -132,12 +144,7 @@ static void check_sentences(const char *name, const char *grammar, const sentenc
     kv_grammar *g = compile(grammar);
     if (!g) return;
     kv_grammar_vocab *gv;
-    kv_error e;
-    const char *none[1] = {NULL};
-    size_t zero[1] = {0};
-    kv_grammar_vocab_new(1, none, zero, NULL, &gv, &e);
-    kv_grammar_matcher *m;
-    kv_grammar_matcher_new(g, gv, &m, &e);
+    kv_grammar_matcher *m = bytes_matcher(g, &gv);
     for (size_t i = 0; i < n; i++) {
         for (size_t chunk = 1; chunk <= 8; chunk *= 8) {
             bool end = false;
@@ -196,11 +203,7 @@ static void test_sentences(void) {
     CHECK(kv_grammar_compile(two, strlen(two), "answer", &g, &e) == KV_OK, "named start: %s", e.msg);
     if (g) {
         kv_grammar_vocab *gv;
-        const char *none[1] = {NULL};
-        size_t zero[1] = {0};
-        kv_grammar_vocab_new(1, none, zero, NULL, &gv, &e);
-        kv_grammar_matcher *m;
-        kv_grammar_matcher_new(g, gv, &m, &e);
+        kv_grammar_matcher *m = bytes_matcher(g, &gv);
         for (int i = 0; i < 2; i++) {
             bool end = false;
             int r = feed(m, named_root[i].text, 1, &end);
@@ -415,11 +418,7 @@ static void test_limits(void) {
     if (!g) return;
     kv_grammar_vocab *gv;
     kv_error e;
-    const char *none[1] = {NULL};
-    size_t zero[1] = {0};
-    kv_grammar_vocab_new(1, none, zero, NULL, &gv, &e);
-    kv_grammar_matcher *m;
-    kv_grammar_matcher_new(g, gv, &m, &e);
+    kv_grammar_matcher *m = bytes_matcher(g, &gv);
     kv_grammar_state st;
     kv_grammar_start(m, &st, &e);
     kv_status s = KV_OK;

@@ -60,6 +60,19 @@ static kv_status open_vocab(const char *path, kv_gguf **g, kv_vocab **v, kv_erro
     return st;
 }
 
+/* open_vocab on the vendored vocabulary NAME (tests/data/vocab/ggml-vocab-NAME.gguf);
+ * a failure is a failed check "NAME: message". */
+static bool open_named_vocab(const char *name, kv_gguf **g, kv_vocab **v) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", CONF_DIR, name);
+    kv_error e = {{0}};
+    if (open_vocab(path, g, v, &e) != KV_OK) {
+        CHECK(0, "%s: %s", name, e.msg);
+        return false;
+    }
+    return true;
+}
+
 static void print_ids(const char *what, const int32_t *ids, size_t n) {
     printf("    %s:", what);
     for (size_t i = 0; i < n && i < 40; i++) printf(" %d", (int)ids[i]);
@@ -391,15 +404,10 @@ static void utf8_prefix(void) {
 }
 
 static void spm_pieces(void) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/ggml-vocab-llama-spm.gguf", CONF_DIR);
     kv_gguf *g = NULL;
     kv_vocab *v = NULL;
+    if (!open_named_vocab("llama-spm", &g, &v)) return;
     kv_error e = {{0}};
-    if (open_vocab(path, &g, &v, &e) != KV_OK) {
-        CHECK(0, "llama-spm: %s", e.msg);
-        return;
-    }
     const kv_vocab_special *sp = kv_vocab_specials(v);
     CHECK(sp->bos == 1 && sp->eos == 2 && sp->unk == 0 && sp->add_bos && !sp->add_eos && sp->add_space_prefix &&
               sp->nl == 13,
@@ -435,15 +443,10 @@ static void spm_pieces(void) {
  * used to sort a NULL list of no special tokens (qsort(NULL, 0), undefined:
  * UBSan stops the sanitizer build there; found by tests/fuzz_tokenizer.c). */
 static void literal_masks(void) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/ggml-vocab-gpt-2.gguf", CONF_DIR);
     kv_gguf *g = NULL;
     kv_vocab *v = NULL;
+    if (!open_named_vocab("gpt-2", &g, &v)) return;
     kv_error e = {{0}};
-    if (open_vocab(path, &g, &v, &e) != KV_OK) {
-        CHECK(0, "gpt-2: %s", e.msg);
-        return;
-    }
     static const char text[] = "a<|endoftext|>b";
     static const int32_t as_text[] = {64, 27, 91, 437, 1659, 5239, 91, 29, 65};
     const size_t len = sizeof text - 1;
