@@ -1226,11 +1226,33 @@ static int l_restore(lua_State *L) {
     return 1;
 }
 
+#define L_MAX_BATCH 4096
+
+/* The n sessions of the table at index 1, for fn (decode_batch,
+ * prefill_batch): raises unless they are distinct sessions of one model.
+ * Pushes each session and its guard (to-be-closed) in turn, so session i
+ * (from 1) lands at top + 2i - 1, and marks it busy. */
+static void l_batch_sessions(lua_State *L, lua_Integer n, const char *fn, l_session **lss, kv_session **ss) {
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_geti(L, 1, i);
+        if (!luaL_testudata(L, -1, L_SESSION)) luaL_error(L, "%s: entry %I is not a session", fn, (LUAI_UACINT)i);
+        l_session *ls = l_session_check(L, -1);
+        for (lua_Integer j = 1; j < i; j++)
+            if (lss[j - 1] == ls) luaL_error(L, "%s: session %I appears twice", fn, (LUAI_UACINT)i);
+        if (i > 1 && ls->lm != lss[0]->lm)
+            luaL_error(L, "%s: session %I belongs to another model", fn, (LUAI_UACINT)i);
+        lua_getiuservalue(L, -1, L_SESSION_GUARD);
+        lua_toclose(L, -1);
+        ls->o.busy++;
+        lss[i - 1] = ls;
+        ss[i - 1] = ls->s;
+    }
+}
+
 /* kvlua.decode_batch({s1, s2, ...}, {id1, id2, ...}) --> {Logits, ...} | nil, err:
  * one forward pass for the next token of every session (distinct sessions
  * of one model); each Logits is the same bits s:decode(id) would give.
  * Every session is kept on the stack and marked busy for the call. */
-#define L_MAX_BATCH 4096
 static int l_decode_batch(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checktype(L, 2, LUA_TTABLE);
@@ -1243,19 +1265,7 @@ static int l_decode_batch(lua_State *L) {
     l_session **lss = lua_newuserdatauv(L, (size_t)n * sizeof *lss, 0);
     int32_t *ids = lua_newuserdatauv(L, (size_t)n * sizeof *ids, 0);
     const int base = lua_gettop(L); /* sessions at base + 2i - 1, their guards above each */
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_geti(L, 1, i);
-        if (!luaL_testudata(L, -1, L_SESSION)) luaL_error(L, "decode_batch: entry %I is not a session", (LUAI_UACINT)i);
-        l_session *ls = l_session_check(L, -1);
-        for (lua_Integer j = 1; j < i; j++)
-            if (lss[j - 1] == ls) luaL_error(L, "decode_batch: session %I appears twice", (LUAI_UACINT)i);
-        if (i > 1 && ls->lm != lss[0]->lm) luaL_error(L, "decode_batch: session %I belongs to another model", (LUAI_UACINT)i);
-        lua_getiuservalue(L, -1, L_SESSION_GUARD);
-        lua_toclose(L, -1);
-        ls->o.busy++;
-        lss[i - 1] = ls;
-        ss[i - 1] = ls->s;
-    }
+    l_batch_sessions(L, n, "decode_batch", lss, ss);
     const int n_vocab = kv_model_info_get(lss[0]->lm->m)->n_vocab;
     for (lua_Integer i = 1; i <= n; i++) {
         lua_geti(L, 2, i);
@@ -1344,21 +1354,7 @@ static int l_prefill_batch(lua_State *L) {
     lua_createtable(L, (int)n, 0); /* the results */
     const int out_t = lua_gettop(L);
     const int base = lua_gettop(L); /* sessions at base + 2i - 1, their guards above each */
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_geti(L, 1, i);
-        if (!luaL_testudata(L, -1, L_SESSION))
-            luaL_error(L, "prefill_batch: entry %I is not a session", (LUAI_UACINT)i);
-        l_session *ls = l_session_check(L, -1);
-        for (lua_Integer j = 1; j < i; j++)
-            if (lss[j - 1] == ls) luaL_error(L, "prefill_batch: session %I appears twice", (LUAI_UACINT)i);
-        if (i > 1 && ls->lm != lss[0]->lm)
-            luaL_error(L, "prefill_batch: session %I belongs to another model", (LUAI_UACINT)i);
-        lua_getiuservalue(L, -1, L_SESSION_GUARD);
-        lua_toclose(L, -1);
-        ls->o.busy++;
-        lss[i - 1] = ls;
-        ss[i - 1] = ls->s;
-    }
+    l_batch_sessions(L, n, "prefill_batch", lss, ss);
     const int n_vocab = kv_model_info_get(lss[0]->lm->m)->n_vocab;
     size_t total = 0;
     for (lua_Integer i = 1; i <= n; i++) {
