@@ -10,35 +10,14 @@ local kvlua = require "kvlua"
 local agent = require "kvlua.agent"
 local json = require "kvlua.json"
 local tiny = require "spec.support.tiny_models"
-local script = require("spec.support.samplers").script
 local models = require "spec.support.models"
 local S = require "spec.support.scripts"
 
 local EOS = 2
 
--- A sampler that spells its arguments (one byte token per byte; EOS for
--- the number EOS).
-local function spell(...)
-  local ids = {}
-  for _, part in ipairs { ... } do
-    if part == EOS then
-      ids[#ids + 1] = EOS
-    else
-      for i = 1, #part do ids[#ids + 1] = tiny.id(part:byte(i)) end
-    end
-  end
-  return script(ids)
-end
-
--- A sampler whose replies are the given texts, each ended by EOS.
-local function replies(...)
-  local parts = {}
-  for _, text in ipairs { ... } do
-    parts[#parts + 1] = text
-    parts[#parts + 1] = EOS
-  end
-  return spell(table.unpack(parts))
-end
+-- spell(...): a sampler spelling its arguments (one byte token per byte;
+-- EOS for the number EOS); replies(...): the texts, each ended by EOS.
+local spell, replies = require("spec.support.samplers").speller(EOS)
 
 local function add_tool(reg)
   return reg:add {

@@ -43,7 +43,6 @@ local kvlua = require "kvlua"
 local agent = require "kvlua.agent"
 local json = require "kvlua.json"
 local tiny = require "spec.support.tiny_models"
-local script = require("spec.support.samplers").script
 local files = require "spec.support.files"
 
 -- ==== a reference: Python's json module ========================================
@@ -499,28 +498,9 @@ teardown(function()
   tiny.cleanup()
 end)
 
--- A sampler spelling its arguments, one byte token a byte; EOS for EOS.
-local function spell(...)
-  local ids = {}
-  for _, part in ipairs { ... } do
-    if part == EOS then
-      ids[#ids + 1] = EOS
-    else
-      for i = 1, #part do ids[#ids + 1] = tiny.id(part:byte(i)) end
-    end
-  end
-  return script(ids)
-end
-
--- A sampler whose replies are the texts, each ended by EOS.
-local function replies(...)
-  local parts = {}
-  for _, text in ipairs { ... } do
-    parts[#parts + 1] = text
-    parts[#parts + 1] = EOS
-  end
-  return spell(table.unpack(parts))
-end
+-- spell(...): a sampler spelling its arguments, one byte token a byte, EOS
+-- for EOS; replies(...): the texts, each ended by EOS.
+local spell, replies = require("spec.support.samplers").speller(EOS)
 
 -- A registry of one tool: name, fn, parameters.
 local function tool(name, fn, parameters)
