@@ -92,6 +92,14 @@ describe("3 dict key order", function()
     assert.are.equal(text, jinja.render("{{ v | tojson }}", { v = v }))
     assert.is_nil((jinja.decode_json("{bad")))
   end)
+  it("jinja.decode_json: a repeated key keeps its first place and takes the last value", function()
+    -- Python: json.dumps(json.loads(text))
+    local text = '{"z": [{"b": 1, "a": null}, [], {}], "a": {"y": "x", "x": [1, {"q": 2, "p": 3}]}, '
+                 .. '"z": [{"d": 1, "c": 2}]}'
+    local v = assert(jinja.decode_json(text))
+    assert.are.equal('{"z": [{"d": 1, "c": 2}], "a": {"y": "x", "x": [1, {"q": 2, "p": 3}]}}',
+                     jinja.render("{{ v | tojson }}", { v = v }))
+  end)
 end)
 
 describe("4 hostile templates end with nil, message", function()

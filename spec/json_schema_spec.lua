@@ -271,6 +271,15 @@ describe("json_schema.to_gbnf: what the grammar matches", function()
     assert.is_false(g:match('{"m": 2, "z": 1, "b": 4, "a": 3}'))
   end)
 
+  it("a repeated key in the schema text: the last value, in the first place (as Python's json.loads)", function()
+    -- Python: json.loads(text)["properties"] == {"b": {...}, "c": {...}}, in that order
+    local g = grammar('{"type": "object", "properties": {"a": {"type": "string"}},'
+      .. ' "required": ["b", "c"], "properties": {"b": {"type": "integer"}, "c": {"type": "integer"}}}')
+    assert.is_true(g:match('{"b": 1, "c": 2}'))
+    assert.is_false(g:match('{"c": 2, "b": 1}'))
+    assert.is_false(g:match('{"a": "x", "b": 1, "c": 2}'))
+  end)
+
   it("optional properties only: any in order, each once, commas right, then extra keys", function()
     local g = grammar(OPTIONAL)
     for _, s in ipairs { "{}", '{"a": 1}', '{"b": "x"}', '{"d": null}', '{"a": 1, "c": true}', '{"b": "", "c": false, "d": null}',

@@ -99,6 +99,27 @@ describe("json.decode", function()
   end)
 end)
 
+describe("json.key_order", function()
+  it("lists every object's keys in text order, nested in objects and arrays", function()
+    local text = '{"z": 1, "a": {"y": [], "x": [{"q": null, "p": {}}]}, "m": "}"}'
+    local v = assert(json.decode(text))
+    local order = json.key_order(text, v)
+    assert.same({ "z", "a", "m" }, order[v])
+    assert.same({ "y", "x" }, order[v.a])
+    assert.same({ "q", "p" }, order[v.a.x[1]])
+    assert.same({}, order[v.a.x[1].p])
+  end)
+
+  it("a repeated key keeps its first place and the last value's keys (as Python's json.loads)", function()
+    -- Python: list(json.loads(text)) == ["z", "a"]; json.loads(text)["z"] == [{"d": 1, "c": 2}]
+    local text = '{"z": [{"b": 1, "a": null}, [], {}], "a": 1, "z": [{"d": 1, "c": 2}]}'
+    local v = assert(json.decode(text))
+    local order = json.key_order(text, v)
+    assert.same({ "z", "a" }, order[v])
+    assert.same({ "d", "c" }, order[v.z[1]])
+  end)
+end)
+
 describe("jsonl shards", function()
   it("parses i/n with 0 <= i < n", function()
     assert.same({ index = 1, count = 4 }, jsonl.parse_shard("1/4"))

@@ -470,63 +470,21 @@ function M.decode_json(text)
   if type(text) ~= "string" then error("jinja.decode_json: string expected", 2) end
   local v, err = json.decode(text)
   if v == nil and err then return nil, err end
-  -- Key order: a second pass over the text, recording each object's keys
-  -- in the order they appear, matched to the decoded tables by walking
-  -- both in the same order.
-  local pos = 1
-  local function skip_ws() pos = text:find("[^ \t\r\n]", pos) or #text + 1 end
-  local function skip_string()
-    local i = pos + 1
-    while true do
-      local c = text:find('["\\]', i)
-      if text:sub(c, c) == "\\" then i = c + 2 else pos = c + 1 return end
-    end
-  end
-  local walk
-  function walk(val)
-    skip_ws()
-    local c = text:sub(pos, pos)
-    if c == "{" then
-      pos = pos + 1
+  -- Key order: json.key_order's, each object made a dict with its keys in
+  -- that order (arrays keep their place, their items converted).
+  local order = json.key_order(text, v)
+  local function to_dict(val)
+    if type(val) ~= "table" then return val end
+    local keys = order[val]
+    if keys then
       local d = new_dict()
-      skip_ws()
-      if text:sub(pos, pos) == "}" then pos = pos + 1 return d end
-      while true do
-        skip_ws()
-        local kstart = pos
-        skip_string()
-        local k = json.decode(text:sub(kstart, pos - 1))
-        skip_ws()
-        pos = pos + 1 -- ':'
-        local child = walk(val[k])
-        dict_set(d, k, child)
-        skip_ws()
-        local sep = text:sub(pos, pos)
-        pos = pos + 1
-        if sep == "}" then return d end
-      end
-    elseif c == "[" then
-      pos = pos + 1
-      local i = 0
-      skip_ws()
-      if text:sub(pos, pos) == "]" then pos = pos + 1 return val end
-      while true do
-        i = i + 1
-        val[i] = walk(val[i])
-        skip_ws()
-        local sep = text:sub(pos, pos)
-        pos = pos + 1
-        if sep == "]" then return val end
-      end
-    elseif c == '"' then
-      skip_string()
-      return val
-    else
-      pos = text:find("[,%]} \t\r\n]", pos) or #text + 1
-      return val
+      for _, k in ipairs(keys) do dict_set(d, k, to_dict(val[k])) end
+      return d
     end
+    for i = 1, #val do val[i] = to_dict(val[i]) end
+    return val
   end
-  return walk(v)
+  return to_dict(v)
 end
 
 -- ==== lexer =================================================================

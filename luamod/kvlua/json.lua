@@ -351,4 +351,69 @@ function M.decode_prefix(s, pos)
   return protected_read(s, pos or 1)
 end
 
+--- json.key_order(text, value) -> { [object] = { key, ... } }
+--- value is json.decode(text); each of its objects (tables) maps to its keys
+--- in the order they appear in text, each key once (a repeated key keeps its
+--- first place; its value, json.decode's, is the last one's, as in Python's
+--- json.loads). A second pass over the text, walking the value alongside it.
+function M.key_order(text, value)
+  local order = {}
+  local pos = 1
+  local function ws() pos = text:find("[^ \t\r\n]", pos) or #text + 1 end
+  local walk
+  -- val: the value decoded from the text at pos; for an earlier occurrence
+  -- of a repeated key, the last one's value (or nil where the shapes differ):
+  -- walked for its length, what it records is recorded over by the walk of
+  -- the last occurrence, which comes after it and visits all that value
+  function walk(val)
+    if type(val) ~= "table" then val = nil end
+    ws()
+    local c = text:sub(pos, pos)
+    if c == "{" then
+      pos = pos + 1
+      local keys = {}
+      ws()
+      if text:sub(pos, pos) == "}" then
+        pos = pos + 1
+        if val then order[val] = keys end
+        return
+      end
+      while true do
+        ws()
+        local k, nxt = M.decode_prefix(text, pos)
+        pos = nxt
+        ws()
+        pos = pos + 1 -- :
+        local seen = false
+        for _, e in ipairs(keys) do seen = seen or e == k end
+        if not seen then keys[#keys + 1] = k end
+        walk(val and val[k])
+        ws()
+        local d = text:sub(pos, pos)
+        pos = pos + 1
+        if d == "}" then break end
+      end
+      if val then order[val] = keys end
+    elseif c == "[" then
+      pos = pos + 1
+      ws()
+      if text:sub(pos, pos) == "]" then pos = pos + 1; return end
+      local idx = 1
+      while true do
+        walk(val and val[idx])
+        idx = idx + 1
+        ws()
+        local d = text:sub(pos, pos)
+        pos = pos + 1
+        if d == "]" then break end
+      end
+    else
+      local _, nxt = M.decode_prefix(text, pos)
+      pos = nxt
+    end
+  end
+  walk(value)
+  return order
+end
+
 return M

@@ -1089,55 +1089,7 @@ end
 local function decode_ordered(text)
   local v, err = json.decode(text)
   if err then return nil, err end
-  local order = {}
-  -- walk the text again alongside the value: objects in text order
-  local pos = 1
-  local function skip_ws() pos = text:find("[^ \t\r\n]", pos) or #text + 1 end
-  local walk
-  function walk(val)
-    skip_ws()
-    local c = text:sub(pos, pos)
-    if c == "{" then
-      pos = pos + 1
-      local keys = {}
-      skip_ws()
-      if text:sub(pos, pos) == "}" then pos = pos + 1; order[val] = keys; return end
-      while true do
-        skip_ws()
-        local k, nxt = json.decode_prefix(text, pos)
-        pos = nxt
-        skip_ws()
-        pos = pos + 1 -- :
-        local seen = false
-        for _, e in ipairs(keys) do seen = seen or e == k end
-        if not seen then keys[#keys + 1] = k end
-        walk(val[k])
-        skip_ws()
-        local d = text:sub(pos, pos)
-        pos = pos + 1
-        if d == "}" then break end
-      end
-      order[val] = keys
-    elseif c == "[" then
-      pos = pos + 1
-      skip_ws()
-      if text:sub(pos, pos) == "]" then pos = pos + 1; return end
-      local idx = 1
-      while true do
-        walk(val[idx])
-        idx = idx + 1
-        skip_ws()
-        local d = text:sub(pos, pos)
-        pos = pos + 1
-        if d == "]" then break end
-      end
-    else
-      local _, nxt = json.decode_prefix(text, pos)
-      pos = nxt
-    end
-  end
-  walk(v)
-  return v, order
+  return v, json.key_order(text, v)
 end
 
 -- ==== API ======================================================================
