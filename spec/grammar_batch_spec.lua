@@ -16,11 +16,7 @@ local scheduler = require "kvlua.scheduler"
 local tiny = require "spec.support.tiny_models"
 local files = require "spec.support.files"
 
-local function generate(s, opts)
-  local out = {}
-  for piece in s:generate(opts) do out[#out + 1] = piece end
-  return table.concat(out), s.finish_reason
-end
+local generate = require("spec.support.generation").text
 
 -- A sampler that ignores its Logits: the listed byte tokens, in order.
 local function scripted(bytes)

@@ -170,11 +170,7 @@ end
 
 -- ==== helpers ===============================================================
 
-local function generate(s, opts)
-  local out = {}
-  for piece in s:generate(opts) do out[#out + 1] = piece end
-  return table.concat(out), s.finish_reason
-end
+local generate = require("spec.support.generation").text
 
 local function ids_set(list)
   local t = {}

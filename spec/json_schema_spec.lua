@@ -17,6 +17,7 @@ local json_schema = require "kvlua.json_schema"
 local json = require "kvlua.json"
 local gbnf = require "spec.support.gbnf"
 local files = require "spec.support.files"
+local generate = require("spec.support.generation").text
 
 -- The engine's grammar (kvlua.grammar), when the module has it, and a
 -- tiny model whose vocabulary its states need.
@@ -450,10 +451,9 @@ describe("generation under a JSON schema (kvlua.grammar)", function()
       else
         opts.json_schema = schema_text
       end
-      local out = {}
-      for piece in s:generate(opts) do out[#out + 1] = piece end
-      assert.equals("eog", s.finish_reason, "run " .. i .. ": " .. table.concat(out))
-      texts[i] = table.concat(out)
+      local text, why = generate(s, opts)
+      assert.equals("eog", why, "run " .. i .. ": " .. text)
+      texts[i] = text
       s:close()
     end
     for i, msg in ipairs(validate(schema_text, texts)) do
