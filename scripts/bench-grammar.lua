@@ -28,29 +28,9 @@ package.path = root .. "/luamod/?.lua;" .. root .. "/luamod/?/init.lua;" .. pack
 package.cpath = (os.getenv("KVLUA_BUILD") or root .. "/build") .. "/?.so;" .. package.cpath
 local cli = require "kvlua.util.cli"
 
+-- grammars by name: json, llama.cpp's grammars/json.gbnf, is in tests/data
+local GRAMMAR_FILES = { json = root .. "/tests/data/json.gbnf" }
 local GRAMMARS = {
-  -- llama.cpp's grammars/json.gbnf
-  json = [[
-root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::=
-  "{" ws (
-            string ":" ws value
-    ("," ws string ":" ws value)*
-  )? "}" ws
-array  ::=
-  "[" ws (
-            value
-    ("," ws value)*
-  )? "]" ws
-string ::=
-  "\"" (
-    [^"\\\x7F\x00-\x1F] |
-    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
-  )* "\"" ws
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-ws ::= | " " | "\n" [ \t]{0,20}
-]],
   -- free text inside a JSON string that cannot close before 600 characters:
   -- nearly every token allowed, and each step a new automaton state (a
   -- count of characters), so no mask comes from the cache: the costliest case
@@ -80,7 +60,7 @@ local o = p:parse()
 
 local kvlua = require "kvlua"
 local sampling = require "kvlua.sampling"
-local text = GRAMMARS[o.grammar] or cli.read_file(o.grammar, "--grammar FILE")
+local text = GRAMMARS[o.grammar] or cli.read_file(GRAMMAR_FILES[o.grammar] or o.grammar, "--grammar FILE")
 local prompt = o.prompt or PROMPTS[o.grammar] or PROMPTS.json
 local model = cli.load(o)
 local g, err = kvlua.grammar(text)

@@ -23,28 +23,7 @@ local models = require "spec.support.models"
 
 -- ==== the corpus and its independent checkers ===============================
 
-local JSON = [[
-root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::=
-  "{" ws (
-            string ":" ws value
-    ("," ws string ":" ws value)*
-  )? "}" ws
-array  ::=
-  "[" ws (
-            value
-    ("," ws value)*
-  )? "]" ws
-string ::=
-  "\"" (
-    [^"\\\x7F\x00-\x1F] |
-    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
-  )* "\"" ws
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-# Optional space
-ws ::= | " " | "\n" [ \t]{0,20}
-]]
+local JSON = require("spec.support.files").read("tests/data/json.gbnf") -- llama.cpp's grammars/json.gbnf
 
 -- A JSON object of a few flat fields: short enough for a random model to close.
 -- (Its first version let numbers start with 0, "048": json.loads refused it.)
