@@ -234,7 +234,9 @@ def gen_logits(ref, mname, mpath, out):
         if exact is not None:
             ev = exact.forward(ids)[-1]
             eids, evals = topk(ev, TOP_K)
-            extra = {"exact_top_ids": eids, "exact_top_logits": evals}
+            etop, emargin = np_llama.greedy_margins(exact, ids, cont)
+            extra = {"exact_top_ids": eids, "exact_top_logits": evals,
+                     "exact_greedy_top": etop, "exact_greedy_margin": emargin}
         prompts.append({
             "name": name,
             "text": text,
@@ -264,6 +266,9 @@ def gen_logits(ref, mname, mpath, out):
         "dequantized weights (scripts/ref/np_llama.py, no activation quantization, no F16 KV): an",
         "independent check. llama.cpp differs from it by up to a few tenths in logit, so compare",
         "with tolerances (top-1, top-k overlap, greedy up to the first small margin), not bits.",
+        "exact_greedy_top/exact_greedy_margin: the float64 pass teacher-forced over ids + greedy: its",
+        "top-1 id and top1 - top2 logit before greedy[i] (added by scripts/ref/add-exact-greedy.py).",
+        "A greedy step is a clear choice only if both margins are large and both top-1s agree.",
     ]
     write_fixture(out, header, {
         "model": os.path.basename(mpath),

@@ -41,6 +41,19 @@ def load(path):
     raise SystemExit("np_llama: unsupported architecture " + arch)
 
 
+def greedy_margins(model, ids, greedy):
+    """Teacher-forced over ids + greedy: per step i, the top-1 id and the top1 - top2
+    logit of the position before greedy[i] (lists of len(greedy))."""
+    seq = list(ids) + list(greedy[:-1])
+    logits = model.forward(seq, last_only=False)[len(ids) - 1:]
+    top, margin = [], []
+    for row in logits:
+        i2 = np.argsort(-row, kind="stable")[:2]
+        top.append(int(i2[0]))
+        margin.append(float(row[i2[0]] - row[i2[1]]))
+    return top, margin
+
+
 def _weights(r):
     w = {}
     for t in r.tensors:
@@ -153,8 +166,9 @@ class NpLlama:
         out[..., 1::2] = x0 * s + x1 * c
         return out
 
-    def forward(self, ids):
-        """Logits (T, n_vocab) for all positions of ids, from position 0."""
+    def forward(self, ids, last_only=False):
+        """Logits (T, n_vocab) for all positions of ids, from position 0 (the last
+        one only, (1, n_vocab), with last_only)."""
         T, H, KV, D = len(ids), self.n_head, self.n_head_kv, self.head_dim
         pos = np.arange(T, dtype=np.float64)
         x = self.w["token_embd.weight"][ids]                                   # (T, E)
@@ -178,6 +192,8 @@ class NpLlama:
             gate = h @ self.w[p + "ffn_gate.weight"].T
             up = h @ self.w[p + "ffn_up.weight"].T
             x = x + ((gate / (1.0 + np.exp(-gate))) * up) @ self.w[p + "ffn_down.weight"].T
+        if last_only:
+            x = x[-1:]
         x = self.rms(x, self.w["output_norm.weight"])
         return x @ self.out.T
 
